@@ -1,0 +1,802 @@
+//! One open container file: logical reads and writes mapped onto compressed records.
+//!
+//! Writes land in per-record buffers (`dirty`); a record is handed to the engine when a write
+//! completes it, when too much is dirty, or on flush/fsync/close. The engine's completion
+//! callback writes the record into one of its two slots ("landing") and only then its descriptor,
+//! so a crash at any instant leaves each record at its old or its new contents:
+//! - a record is written to the slot that does not hold its current copy, except when that other
+//!   slot holds the last *durable* copy (the current one was written since the last sync): then
+//!   the current, not-yet-durable copy is overwritten in place and the durable one stays intact;
+//! - after fdatasync, the older slot of every rewritten record is freed (descriptor cleared,
+//!   blocks punched): until then the previous version survives any crash.
+//!
+//! Lock order: `slot_io` before `state`. `slot_io` is held shared while lower slots are read and
+//! exclusively while they are written or punched, so a reader never sees a slot change under it;
+//! no lock is held while waiting on the engine.
+
+use super::error::{FsError, FsResult};
+use super::lower;
+use crate::checksum::ChecksumKind;
+use crate::codec::Compression;
+use crate::engine::{CompressRequest, DecompressRequest, Encoded, Engine, EngineError, Job, MinSavings, Output, Work};
+use crate::format::layout::{round_up_block, GROUP_RECORDS, HEADER_BLOCK, TABLE_BLOCK};
+use crate::format::{Descriptor, Header, Layout, SlotState, DESCRIPTOR_SIZE};
+use parking_lot::{Condvar, Mutex, RwLock};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
+use std::fs::File;
+use std::sync::Arc;
+use tracing::{error, warn};
+
+/// Dirty bytes per file before all dirty records are handed to the engine.
+const DIRTY_LIMIT: usize = 64 << 20;
+/// Bytes per file in the engine before a writer waits.
+const INFLIGHT_LIMIT: usize = 64 << 20;
+/// Decoded records kept for small reads that hit the same record again.
+const CLEAN_CACHE_RECORDS: usize = 16;
+
+type Pair = [SlotState; 2];
+
+/// What new container files are created with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CreateSettings {
+    pub compression: Compression,
+    pub layout: Layout,
+    pub checksum: ChecksumKind,
+}
+
+pub struct Container {
+    lower: File,
+    layout: Layout,
+    checksum: ChecksumKind,
+    compression: Compression,
+    min_savings: MinSavings,
+    engine: Arc<Engine>,
+    /// Lower path, for log lines.
+    label: String,
+    slot_io: RwLock<()>,
+    state: Mutex<State>,
+    /// Signalled whenever a record lands.
+    landed: Condvar,
+}
+
+struct InFlight {
+    seq: u64,
+    data: Arc<Vec<u8>>,
+}
+
+struct State {
+    size: u64,
+    header_seq: u64,
+    persisted_size: u64,
+    tables: HashMap<u64, Box<[Pair]>>,
+    /// Records changed in memory and not yet handed to the engine; each buffer is at most the
+    /// record's length within `size` (bytes past it read as zeros).
+    dirty: BTreeMap<u64, Vec<u8>>,
+    dirty_bytes: usize,
+    inflight: HashMap<u64, InFlight>,
+    inflight_bytes: usize,
+    next_seq: u64,
+    clean: VecDeque<(u64, Arc<Vec<u8>>)>,
+    /// Records whose current slot was written since the last sync.
+    unsynced: HashSet<u64>,
+    /// Records whose other slot still holds an older copy, freed after the next sync.
+    stale: BTreeSet<u64>,
+    /// A failed landing, reported by the next write, flush or fsync (its data stays dirty).
+    write_error: Option<FsError>,
+}
+
+/// Where a record's current bytes come from.
+enum Source {
+    Memory(Arc<Vec<u8>>),
+    Absent,
+    Lower { candidates: Vec<(usize, Descriptor)> },
+}
+
+impl State {
+    fn new(size: u64, header_seq: u64) -> State {
+        State {
+            size,
+            header_seq,
+            persisted_size: size,
+            tables: HashMap::new(),
+            dirty: BTreeMap::new(),
+            dirty_bytes: 0,
+            inflight: HashMap::new(),
+            inflight_bytes: 0,
+            next_seq: 1,
+            clean: VecDeque::new(),
+            unsynced: HashSet::new(),
+            stale: BTreeSet::new(),
+            write_error: None,
+        }
+    }
+
+    fn forget_clean(&mut self, record: u64) {
+        self.clean.retain(|(r, _)| *r != record);
+    }
+
+    fn put_dirty(&mut self, record: u64, buf: Vec<u8>) {
+        self.forget_clean(record);
+        self.dirty_bytes += buf.len();
+        if let Some(old) = self.dirty.insert(record, buf) {
+            self.dirty_bytes -= old.len();
+        }
+    }
+
+    fn take_dirty(&mut self, record: u64) -> Option<Vec<u8>> {
+        let buf = self.dirty.remove(&record)?;
+        self.dirty_bytes -= buf.len();
+        Some(buf)
+    }
+
+    fn take_inflight(&mut self, record: u64) -> Option<InFlight> {
+        let f = self.inflight.remove(&record)?;
+        self.inflight_bytes -= f.data.len();
+        Some(f)
+    }
+}
+
+/// The newest valid slot first.
+fn candidates(pair: &Pair) -> Vec<(usize, Descriptor)> {
+    let mut valid: Vec<(usize, Descriptor)> = pair
+        .iter()
+        .enumerate()
+        .filter_map(|(i, s)| match s {
+            SlotState::Valid(d) => Some((i, *d)),
+            _ => None,
+        })
+        .collect();
+    valid.sort_by(|a, b| b.1.generation.cmp(&a.1.generation));
+    valid
+}
+
+impl Container {
+    /// Reads the header block of a lower file: `None` if it is a plain file.
+    pub fn probe(file: &File) -> Result<Option<Header>, crate::format::FormatError> {
+        let mut block = vec![0u8; HEADER_BLOCK as usize];
+        let n = lower::pread_full(file, &mut block, 0).map_err(|_| crate::format::FormatError::BadHeader)?;
+        crate::format::Header::decode(&block[..n])
+    }
+
+    /// Turns an empty (or to-be-emptied) lower file into an empty container.
+    pub fn create(lower: File, settings: CreateSettings, min_savings: MinSavings, engine: Arc<Engine>, label: String) -> FsResult<Container> {
+        lower.set_len(0)?;
+        let header = Header {
+            layout: settings.layout,
+            checksum: settings.checksum,
+            codec: settings.compression.codec,
+            level: settings.compression.level as i8,
+            size: 0,
+            sequence: 1,
+        };
+        let mut block = vec![0u8; HEADER_BLOCK as usize];
+        let at = Header::copy_offset(1) as usize;
+        block[at..at + crate::format::HEADER_COPY_SIZE].copy_from_slice(&header.encode());
+        lower::pwrite_all(&lower, &block, 0)?;
+        Ok(Container::open(lower, header, min_savings, engine, label))
+    }
+
+    pub fn open(lower: File, header: Header, min_savings: MinSavings, engine: Arc<Engine>, label: String) -> Container {
+        let compression = Compression { codec: header.codec, level: header.level as i32 };
+        let container = Container {
+            lower,
+            layout: header.layout,
+            checksum: header.checksum,
+            compression,
+            min_savings,
+            engine,
+            label,
+            slot_io: RwLock::new(()),
+            state: Mutex::new(State::new(header.size, header.sequence)),
+            landed: Condvar::new(),
+        };
+        // Records past the size (a crash between landing them and writing the header) must not
+        // reappear if the file grows again.
+        let records = container.layout.plain_size_to_records(header.size);
+        {
+            let _io = container.slot_io.write();
+            let mut st = container.state.lock();
+            if let Err(e) = container.discard_from(&mut st, records) {
+                warn!(file = %container.label, "cannot drop records past the end of file: {e}");
+            }
+        }
+        container
+    }
+
+    pub fn layout(&self) -> Layout {
+        self.layout
+    }
+
+    pub fn compression(&self) -> Compression {
+        self.compression
+    }
+
+    pub fn size(&self) -> u64 {
+        self.state.lock().size
+    }
+
+    pub fn lower_file(&self) -> &File {
+        &self.lower
+    }
+
+    // ---- descriptors -------------------------------------------------------------------
+
+    fn pair(&self, st: &mut State, record: u64) -> FsResult<Pair> {
+        let group = self.layout.record_to_group(record);
+        if !st.tables.contains_key(&group) {
+            let mut block = vec![0u8; TABLE_BLOCK as usize];
+            lower::pread_full(&self.lower, &mut block, self.layout.group_to_table_off(group))?;
+            let rs = self.layout.record_size();
+            let table: Box<[Pair]> = block
+                .chunks_exact(2 * DESCRIPTOR_SIZE)
+                .map(|e| [Descriptor::decode(&e[..DESCRIPTOR_SIZE], rs), Descriptor::decode(&e[DESCRIPTOR_SIZE..], rs)])
+                .collect();
+            for (i, pair) in table.iter().enumerate() {
+                for (slot, s) in pair.iter().enumerate() {
+                    if *s == SlotState::Damaged {
+                        warn!(file = %self.label, record = group * GROUP_RECORDS + i as u64, slot, "damaged slot descriptor ignored");
+                    }
+                }
+            }
+            st.tables.insert(group, table);
+        }
+        Ok(st.tables[&group][self.layout.record_to_entry_index(record)])
+    }
+
+    fn set_descriptor(&self, st: &mut State, record: u64, slot: usize, state: SlotState) -> FsResult<()> {
+        let bytes = match state {
+            SlotState::Valid(d) => d.encode(),
+            _ => [0u8; DESCRIPTOR_SIZE],
+        };
+        lower::pwrite_all(&self.lower, &bytes, self.layout.record_to_descriptor_off(record, slot))?;
+        let group = self.layout.record_to_group(record);
+        if let Some(table) = st.tables.get_mut(&group) {
+            table[self.layout.record_to_entry_index(record)][slot] = state;
+        }
+        Ok(())
+    }
+
+    // ---- reading -----------------------------------------------------------------------
+
+    fn source(&self, st: &mut State, record: u64) -> FsResult<Source> {
+        if let Some(buf) = st.dirty.get(&record) {
+            return Ok(Source::Memory(Arc::new(buf.clone())));
+        }
+        if let Some(f) = st.inflight.get(&record) {
+            return Ok(Source::Memory(f.data.clone()));
+        }
+        if let Some((_, buf)) = st.clean.iter().find(|(r, _)| *r == record) {
+            return Ok(Source::Memory(buf.clone()));
+        }
+        let found = candidates(&self.pair(st, record)?);
+        Ok(if found.is_empty() { Source::Absent } else { Source::Lower { candidates: found } })
+    }
+
+    fn read_slot(&self, record: u64, slot: usize, d: &Descriptor) -> FsResult<DecompressRequest> {
+        let mut stored = vec![0u8; d.stored_len as usize];
+        let n = lower::pread_full(&self.lower, &mut stored, self.layout.record_to_slot_off(record, slot))?;
+        stored.truncate(n); // a short slot fails its checksum below
+        Ok(DecompressRequest {
+            codec: d.codec(),
+            stored,
+            logical_len: d.logical_len as usize,
+            checksum_kind: self.checksum,
+            checksum: d.checksum,
+        })
+    }
+
+    /// Reads one record from the lower file, newest copy first; an older copy is served only
+    /// when the newest fails its checksum (a write torn by a crash), and that is logged.
+    fn fetch_slow(&self, record: u64) -> FsResult<Arc<Vec<u8>>> {
+        let _io = self.slot_io.read();
+        let mut st = self.state.lock();
+        let found = match self.source(&mut st, record)? {
+            Source::Memory(buf) => return Ok(buf),
+            Source::Absent => return Ok(Arc::new(Vec::new())),
+            Source::Lower { candidates } => candidates,
+        };
+        let mut last = None;
+        for (i, (slot, d)) in found.iter().enumerate() {
+            let req = self.read_slot(record, *slot, d)?;
+            match crate::engine::policy::decode_record(&req) {
+                Ok(buf) => {
+                    if i > 0 {
+                        warn!(file = %self.label, record, "newest copy unreadable; serving the previous copy (an interrupted write)");
+                    }
+                    let buf = Arc::new(buf);
+                    self.remember_clean(&mut st, record, &buf);
+                    return Ok(buf);
+                }
+                Err(e) => last = Some((*slot, e)),
+            }
+        }
+        let (slot, e) = last.expect("BUG: candidates were not empty");
+        error!(file = %self.label, record, slot, "record unreadable: {e}");
+        Err(FsError::corrupt(format!("{}: record {record}: {e}", self.label)))
+    }
+
+    fn remember_clean(&self, st: &mut State, record: u64, buf: &Arc<Vec<u8>>) {
+        st.forget_clean(record);
+        if st.clean.len() >= CLEAN_CACHE_RECORDS {
+            st.clean.pop_front();
+        }
+        st.clean.push_back((record, buf.clone()));
+    }
+
+    /// Current contents of several records, decoding the ones on the lower file in parallel.
+    fn fetch(&self, records: &[u64]) -> FsResult<Vec<Arc<Vec<u8>>>> {
+        let mut out: Vec<Option<Arc<Vec<u8>>>> = vec![None; records.len()];
+        let mut pending: Vec<(usize, DecompressRequest)> = Vec::new();
+        {
+            let _io = self.slot_io.read();
+            let mut st = self.state.lock();
+            let mut plans = Vec::new();
+            for (i, &record) in records.iter().enumerate() {
+                match self.source(&mut st, record)? {
+                    Source::Memory(buf) => out[i] = Some(buf),
+                    Source::Absent => out[i] = Some(Arc::new(Vec::new())),
+                    Source::Lower { candidates } => plans.push((i, candidates[0])),
+                }
+            }
+            drop(st);
+            for (i, (slot, d)) in plans {
+                pending.push((i, self.read_slot(records[i], slot, &d)?));
+            }
+        }
+        let (slots, requests): (Vec<usize>, Vec<DecompressRequest>) = pending.into_iter().unzip();
+        let results = self.engine.decompress_all(requests);
+        let mut st = None;
+        for (i, result) in slots.into_iter().zip(results) {
+            out[i] = Some(match result {
+                Ok(buf) => {
+                    let buf = Arc::new(buf);
+                    let st = st.get_or_insert_with(|| self.state.lock());
+                    self.remember_clean(st, records[i], &buf);
+                    buf
+                }
+                Err(_) => {
+                    drop(st.take());
+                    self.fetch_slow(records[i])?
+                }
+            });
+        }
+        Ok(out.into_iter().map(|b| b.expect("BUG: every record fetched")).collect())
+    }
+
+    pub fn read(&self, offset: u64, len: usize) -> FsResult<Vec<u8>> {
+        let size = self.size();
+        if offset >= size {
+            return Ok(Vec::new());
+        }
+        let len = (len as u64).min(size - offset);
+        let pieces: Vec<_> = self.layout.split(offset, len).collect();
+        let records: Vec<u64> = pieces.iter().map(|p| p.record).collect();
+        let contents = self.fetch(&records)?;
+        let mut out = vec![0u8; len as usize];
+        let mut at = 0;
+        for (piece, buf) in pieces.iter().zip(contents) {
+            let have = buf.len().saturating_sub(piece.skip).min(piece.len);
+            out[at..at + have].copy_from_slice(&buf[piece.skip..piece.skip + have]);
+            at += piece.len;
+        }
+        Ok(out)
+    }
+
+    // ---- writing -----------------------------------------------------------------------
+
+    /// Makes sure `record`'s current contents are in `dirty` (trimmed to the file size), so a
+    /// partial write can modify them.
+    fn load_dirty(&self, record: u64) -> FsResult<()> {
+        loop {
+            let seen = {
+                let _io = self.slot_io.read();
+                let mut st = self.state.lock();
+                if st.dirty.contains_key(&record) {
+                    return Ok(());
+                }
+                match self.source(&mut st, record)? {
+                    Source::Memory(buf) => return Ok(self.put_trimmed(&mut st, record, &buf)),
+                    Source::Absent => return Ok(st.put_dirty(record, Vec::new())),
+                    Source::Lower { candidates } => candidates,
+                }
+            };
+            let buf = self.fetch_slow(record)?;
+            let _io = self.slot_io.read();
+            let mut st = self.state.lock();
+            if st.dirty.contains_key(&record) {
+                return Ok(());
+            }
+            // Insert only if nothing changed the record while we read it; else look again.
+            if !st.inflight.contains_key(&record) && candidates(&self.pair(&mut st, record)?) == seen {
+                return Ok(self.put_trimmed(&mut st, record, &buf));
+            }
+        }
+    }
+
+    fn put_trimmed(&self, st: &mut State, record: u64, buf: &[u8]) {
+        let keep = self.layout.record_len_in_size(record, st.size);
+        st.put_dirty(record, buf[..buf.len().min(keep)].to_vec());
+    }
+
+    fn take_write_error(&self, st: &mut State) -> FsResult<()> {
+        match st.write_error.take() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    /// Waits until the engine holds less than INFLIGHT_LIMIT bytes of this file.
+    fn wait_for_room(&self) {
+        let mut st = self.state.lock();
+        while st.inflight_bytes > INFLIGHT_LIMIT {
+            self.landed.wait(&mut st);
+        }
+    }
+
+    pub fn write(self: &Arc<Self>, offset: u64, data: &[u8]) -> FsResult<usize> {
+        if data.is_empty() {
+            return Ok(0);
+        }
+        let end = offset.checked_add(data.len() as u64).ok_or(FsError::errno(libc::EFBIG))?;
+        self.take_write_error(&mut self.state.lock())?;
+        self.wait_for_room();
+        let rs = self.layout.record_size() as usize;
+        let size = self.size();
+        if offset > size {
+            self.zero_tail_past(size)?;
+        }
+        let pieces: Vec<_> = self.layout.split(offset, data.len() as u64).collect();
+        for p in &pieces {
+            let record_start = self.layout.record_to_plain_off(p.record);
+            // Bytes before the piece inside the record matter only if they lie inside the file.
+            if p.is_partial(rs) && record_start < size {
+                self.load_dirty(p.record)?;
+            }
+        }
+        let mut ready = Vec::new();
+        {
+            let _io = self.slot_io.read();
+            let mut st = self.state.lock();
+            let mut at = 0;
+            for p in &pieces {
+                let mut buf = st.take_dirty(p.record).unwrap_or_default();
+                if buf.len() < p.skip + p.len {
+                    buf.resize(p.skip + p.len, 0);
+                }
+                buf[p.skip..p.skip + p.len].copy_from_slice(&data[at..at + p.len]);
+                at += p.len;
+                let complete = p.skip + p.len == rs && buf.len() == rs;
+                st.put_dirty(p.record, buf);
+                if complete {
+                    ready.push(p.record);
+                }
+            }
+            st.size = st.size.max(end);
+            if st.dirty_bytes > DIRTY_LIMIT {
+                ready = st.dirty.keys().copied().collect();
+            }
+            let jobs = self.prepare(&mut st, &ready);
+            drop(st);
+            drop(_io);
+            self.engine.submit(jobs);
+        }
+        Ok(data.len())
+    }
+
+    /// Moves the given dirty records into flight and builds their engine jobs. Records already in
+    /// flight stay dirty: one version of a record is in the engine at a time.
+    fn prepare(self: &Arc<Self>, st: &mut State, records: &[u64]) -> Vec<Job> {
+        let mut jobs = Vec::new();
+        for &record in records {
+            if st.inflight.contains_key(&record) {
+                continue;
+            }
+            let Some(buf) = st.take_dirty(record) else { continue };
+            if buf.is_empty() {
+                // Nothing past the end of file: a record truncated to nothing.
+                continue;
+            }
+            let seq = st.next_seq;
+            st.next_seq += 1;
+            let data = Arc::new(buf);
+            st.inflight_bytes += data.len();
+            st.inflight.insert(record, InFlight { seq, data: data.clone() });
+            let me = Arc::clone(self);
+            jobs.push(Job {
+                work: Work::Compress(CompressRequest {
+                    data,
+                    compression: self.compression,
+                    min_savings: self.min_savings,
+                    checksum: self.checksum,
+                }),
+                done: Box::new(move |result| me.land(record, seq, result)),
+            });
+        }
+        jobs
+    }
+
+    /// Engine completion: writes the encoded record into a slot, then its descriptor.
+    fn land(&self, record: u64, seq: u64, result: Result<Output, EngineError>) {
+        let _io = self.slot_io.write();
+        let mut st = self.state.lock();
+        if st.inflight.get(&record).map(|f| f.seq) != Some(seq) {
+            // Truncated away (or superseded) while in the engine.
+            return;
+        }
+        let outcome = match result {
+            Ok(Output::Compressed(encoded)) => self.write_record(&mut st, record, &encoded),
+            Ok(Output::Decompressed(_)) => panic!("BUG: compress job returned a decompressed record"),
+            Err(e) => Err(FsError::new(libc::EIO, format!("compressing record {record}: {e}"))),
+        };
+        let flight = st.take_inflight(record).expect("BUG: in-flight record vanished under the lock");
+        if let Err(e) = outcome {
+            error!(file = %self.label, record, "cannot write record: {e}");
+            // Keep the data: a later flush retries once the cause (say, a full disk) is gone.
+            if !st.dirty.contains_key(&record) {
+                st.put_dirty(record, flight.data.to_vec());
+            }
+            st.write_error = Some(e);
+        } else {
+            self.remember_clean(&mut st, record, &flight.data);
+        }
+        self.landed.notify_all();
+    }
+
+    fn write_record(&self, st: &mut State, record: u64, encoded: &Encoded) -> FsResult<()> {
+        let pair = self.pair(st, record)?;
+        let found = candidates(&pair);
+        let target = match found.first() {
+            None => 0,
+            Some(&(current, _)) => {
+                let other = 1 - current;
+                let other_used = pair[other] != SlotState::Empty;
+                if other_used && st.unsynced.contains(&record) { current } else { other }
+            }
+        };
+        let generation = found.first().map_or(0, |(_, d)| d.generation) + 1;
+        let slot_off = self.layout.record_to_slot_off(record, target);
+        let old_len = match pair[target] {
+            SlotState::Valid(d) => round_up_block(d.stored_len as u64),
+            SlotState::Damaged => self.layout.record_size(),
+            SlotState::Empty => 0,
+        };
+        if !encoded.bytes.is_empty() {
+            lower::pwrite_all(&self.lower, &encoded.bytes, slot_off)?;
+        }
+        let new_len = round_up_block(encoded.bytes.len() as u64);
+        if old_len > new_len {
+            lower::punch_hole(&self.lower, slot_off + new_len, old_len - new_len)?;
+        }
+        let descriptor = Descriptor {
+            generation,
+            stored_len: encoded.bytes.len() as u32,
+            logical_len: encoded.logical_len,
+            codec_id: encoded.codec as u8,
+            level: encoded.level,
+            checksum: encoded.checksum,
+        };
+        self.set_descriptor(st, record, target, SlotState::Valid(descriptor))?;
+        st.unsynced.insert(record);
+        if pair[1 - target] != SlotState::Empty {
+            st.stale.insert(record);
+        }
+        Ok(())
+    }
+
+    /// Hands every dirty record to the engine and waits until all have landed.
+    pub fn flush(self: &Arc<Self>) -> FsResult<()> {
+        let mut st = self.state.lock();
+        loop {
+            if let Some(e) = st.write_error.take() {
+                return Err(e);
+            }
+            if !st.dirty.is_empty() {
+                let records: Vec<u64> = st.dirty.keys().copied().collect();
+                let jobs = self.prepare(&mut st, &records);
+                if !jobs.is_empty() {
+                    drop(st);
+                    self.engine.submit(jobs);
+                    st = self.state.lock();
+                    continue;
+                }
+            }
+            if st.inflight.is_empty() && st.dirty.iter().all(|(_, b)| b.is_empty()) {
+                st.dirty.clear();
+                st.dirty_bytes = 0;
+                break;
+            }
+            self.landed.wait(&mut st);
+        }
+        self.write_header(&mut st)
+    }
+
+    fn write_header(&self, st: &mut State) -> FsResult<()> {
+        if st.size == st.persisted_size {
+            return Ok(());
+        }
+        let sequence = st.header_seq + 1;
+        let header = Header {
+            layout: self.layout,
+            checksum: self.checksum,
+            codec: self.compression.codec,
+            level: self.compression.level as i8,
+            size: st.size,
+            sequence,
+        };
+        lower::pwrite_all(&self.lower, &header.encode(), Header::copy_offset(sequence))?;
+        st.header_seq = sequence;
+        st.persisted_size = st.size;
+        Ok(())
+    }
+
+    /// fsync: everything written so far is on stable storage when this returns. Then the older
+    /// copies of rewritten records are no longer needed and their space is freed.
+    pub fn sync(self: &Arc<Self>, datasync: bool) -> FsResult<()> {
+        self.flush()?;
+        let (was_stale, _was_unsynced) = {
+            let mut st = self.state.lock();
+            (std::mem::take(&mut st.stale), std::mem::take(&mut st.unsynced))
+        };
+        let synced = if datasync { lower::fdatasync(&self.lower) } else { lower::fsync(&self.lower) };
+        if let Err(e) = synced {
+            let mut st = self.state.lock();
+            st.stale.extend(was_stale);
+            return Err(e.into());
+        }
+        self.reclaim(was_stale)
+    }
+
+    /// Frees the non-current slot of each record (their current copy is durable).
+    fn reclaim(&self, records: BTreeSet<u64>) -> FsResult<()> {
+        if records.is_empty() {
+            return Ok(());
+        }
+        let _io = self.slot_io.write();
+        let mut st = self.state.lock();
+        let limit = self.layout.plain_size_to_records(st.size);
+        for record in records {
+            if st.unsynced.contains(&record) {
+                st.stale.insert(record); // rewritten again since: its old copy is still needed
+                continue;
+            }
+            if record >= limit {
+                continue;
+            }
+            let pair = self.pair(&mut st, record)?;
+            let Some(&(current, _)) = candidates(&pair).first() else { continue };
+            let other = 1 - current;
+            if pair[other] != SlotState::Empty {
+                self.set_descriptor(&mut st, record, other, SlotState::Empty)?;
+                let rs = self.layout.record_size();
+                lower::punch_hole(&self.lower, self.layout.record_to_slot_off(record, other), rs)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether closing needs a sync to free old copies.
+    pub fn has_stale(&self) -> bool {
+        !self.state.lock().stale.is_empty()
+    }
+
+    // ---- size changes --------------------------------------------------------------------
+
+    /// Zeroes the bytes of the record holding `size` that lie past `size`, so that growing the
+    /// file never shows what an earlier, longer version held there.
+    fn zero_tail_past(&self, size: u64) -> FsResult<()> {
+        let record = self.layout.plain_off_to_record(size);
+        if size % self.layout.record_size() == 0 {
+            return Ok(());
+        }
+        self.load_dirty(record) // trims to the size
+    }
+
+    pub fn set_size(self: &Arc<Self>, new_size: u64) -> FsResult<()> {
+        let old = self.size();
+        if new_size > old {
+            self.zero_tail_past(old)?;
+            self.state.lock().size = new_size;
+        } else if new_size < old {
+            let boundary = self.layout.plain_off_to_record(new_size);
+            if new_size % self.layout.record_size() != 0 {
+                self.load_dirty(boundary)?;
+            }
+            let _io = self.slot_io.write();
+            let mut st = self.state.lock();
+            st.size = new_size;
+            let keep = self.layout.record_len_in_size(boundary, new_size);
+            if let Some(mut buf) = st.take_dirty(boundary) {
+                buf.truncate(keep);
+                // The trimmed copy replaces any longer one still in the engine.
+                st.take_inflight(boundary);
+                st.put_dirty(boundary, buf);
+            }
+            self.discard_from(&mut st, self.layout.plain_size_to_records(new_size))?;
+        }
+        Ok(())
+    }
+
+    /// Drops every record from `first` on, in memory and on the lower file.
+    /// Caller holds `slot_io` exclusively.
+    fn discard_from(&self, st: &mut State, first: u64) -> FsResult<()> {
+        let doomed: Vec<u64> = st.dirty.range(first..).map(|(r, _)| *r).collect();
+        for r in doomed {
+            st.take_dirty(r);
+        }
+        let doomed: Vec<u64> = st.inflight.keys().copied().filter(|&r| r >= first).collect();
+        for r in doomed {
+            st.take_inflight(r);
+        }
+        st.clean.retain(|(r, _)| *r < first);
+        st.unsynced.retain(|&r| r < first);
+        st.stale = st.stale.range(..first).copied().collect();
+        // Records sharing the boundary group are cleared one by one; later groups are cut off.
+        let group_end = (first.div_ceil(GROUP_RECORDS)) * GROUP_RECORDS;
+        for record in first..group_end {
+            let pair = self.pair(st, record)?;
+            for (slot, s) in pair.iter().enumerate() {
+                if *s != SlotState::Empty {
+                    self.set_descriptor(st, record, slot, SlotState::Empty)?;
+                    let rs = self.layout.record_size();
+                    lower::punch_hole(&self.lower, self.layout.record_to_slot_off(record, slot), rs)?;
+                }
+            }
+        }
+        let keep_len = self.layout.records_to_lower_len(group_end).max(HEADER_BLOCK);
+        if self.lower.metadata()?.len() > keep_len {
+            self.lower.set_len(keep_len)?;
+        }
+        let first_group = group_end / GROUP_RECORDS;
+        st.tables.retain(|&g, _| g < first_group);
+        self.landed.notify_all();
+        Ok(())
+    }
+
+    /// Sets `[offset, offset + len)` to zeros (records wholly inside become holes).
+    pub fn zero_range(self: &Arc<Self>, offset: u64, len: u64) -> FsResult<()> {
+        let size = self.size();
+        let end = offset.saturating_add(len).min(size);
+        if offset >= end {
+            return Ok(());
+        }
+        let rs = self.layout.record_size() as usize;
+        for p in self.layout.split(offset, end - offset).collect::<Vec<_>>() {
+            let keep = self.layout.record_len_in_size(p.record, size);
+            if p.is_partial(rs) && !(p.skip == 0 && p.len >= keep) {
+                self.load_dirty(p.record)?;
+            }
+            let _io = self.slot_io.read();
+            let mut st = self.state.lock();
+            let mut buf = st.take_dirty(p.record).unwrap_or_default();
+            if p.skip == 0 && p.len >= keep {
+                buf = vec![0u8; keep];
+            } else if buf.len() > p.skip {
+                let stop = (p.skip + p.len).min(buf.len());
+                buf[p.skip..stop].fill(0);
+            }
+            st.put_dirty(p.record, buf);
+        }
+        Ok(())
+    }
+
+    /// SEEK_DATA / SEEK_HOLE at record granularity: a record is a hole when nothing or only an
+    /// all-zero record is stored for it (dirty records count as data).
+    pub fn seek(&self, offset: u64, want_data: bool) -> FsResult<u64> {
+        let _io = self.slot_io.read();
+        let mut st = self.state.lock();
+        let size = st.size;
+        if offset >= size {
+            return Err(FsError::errno(libc::ENXIO));
+        }
+        let records = self.layout.plain_size_to_records(size);
+        for record in self.layout.plain_off_to_record(offset)..records {
+            let is_data = st.dirty.contains_key(&record)
+                || st.inflight.contains_key(&record)
+                || candidates(&self.pair(&mut st, record)?).first().is_some_and(|(_, d)| !d.is_hole());
+            if is_data == want_data {
+                return Ok(offset.max(self.layout.record_to_plain_off(record)));
+            }
+        }
+        if want_data { Err(FsError::errno(libc::ENXIO)) } else { Ok(size) }
+    }
+}

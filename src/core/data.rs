@@ -1,0 +1,288 @@
+//! Regular-file data: open/create, read, write, flush, fsync, release, truncate, fallocate,
+//! SEEK_DATA/SEEK_HOLE, and attribute changes that touch contents (size, times).
+
+use super::container::Container;
+use super::error::check;
+use super::inodes::{Content, Inode};
+use super::lower::{self, cstr};
+use super::{Attr, Caller, DenseFs, FsError, FsResult, Handle};
+use std::ffi::OsStr;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::FileExt;
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+#[derive(Clone, Copy, Debug)]
+pub enum SetTime {
+    Now,
+    At(SystemTime),
+}
+
+/// The attribute changes of one setattr call.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SetAttr {
+    pub mode: Option<u32>,
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
+    pub size: Option<u64>,
+    pub atime: Option<SetTime>,
+    pub mtime: Option<SetTime>,
+}
+
+fn timespec(t: Option<SetTime>) -> libc::timespec {
+    match t {
+        None => libc::timespec { tv_sec: 0, tv_nsec: libc::UTIME_OMIT },
+        Some(SetTime::Now) => libc::timespec { tv_sec: 0, tv_nsec: libc::UTIME_NOW },
+        Some(SetTime::At(t)) => {
+            let (sec, nsec) = match t.duration_since(UNIX_EPOCH) {
+                Ok(d) => (d.as_secs() as i64, d.subsec_nanos() as i64),
+                Err(e) => {
+                    let d = e.duration();
+                    let mut sec = -(d.as_secs() as i64);
+                    let mut nsec = d.subsec_nanos() as i64;
+                    if nsec > 0 {
+                        sec -= 1;
+                        nsec = 1_000_000_000 - nsec;
+                    }
+                    (sec, nsec)
+                }
+            };
+            libc::timespec { tv_sec: sec, tv_nsec: nsec }
+        }
+    }
+}
+
+impl DenseFs {
+    /// Builds the shared content of a regular file: a container, or the plain lower file.
+    /// An empty lower file opened for writing becomes a container (it has nothing to preserve).
+    fn load_content(&self, inode: &Inode, writable: bool) -> FsResult<Content> {
+        let file = match lower::reopen(inode.raw_fd(), libc::O_RDWR) {
+            Ok(f) => f,
+            Err(e) if matches!(e.raw_os_error(), Some(libc::EACCES | libc::EROFS | libc::EPERM | libc::ETXTBSY)) => {
+                lower::reopen(inode.raw_fd(), libc::O_RDONLY)?
+            }
+            Err(e) => return Err(e.into()),
+        };
+        let label = self.label(inode);
+        match Container::probe(&file) {
+            Ok(Some(header)) => {
+                Ok(Content::Container(Arc::new(Container::open(file, header, self.options.min_savings, self.engine.clone(), label))))
+            }
+            Ok(None) if writable && file.metadata()?.len() == 0 => {
+                let c = Container::create(file, self.create_settings(), self.options.min_savings, self.engine.clone(), label)?;
+                Ok(Content::Container(Arc::new(c)))
+            }
+            Ok(None) => Ok(Content::Plain(Arc::new(file))),
+            Err(e) => {
+                tracing::error!(file = %label, "not a readable densefs container: {e}");
+                Err(FsError::corrupt(format!("{label}: {e}")))
+            }
+        }
+    }
+
+    fn open_inode(&self, inode: &Arc<Inode>, writable: bool) -> FsResult<u64> {
+        let mut open = inode.open.lock();
+        let content = match &open.content {
+            Some(c) => c.clone(),
+            None => {
+                let c = self.load_content(inode, writable)?;
+                open.content = Some(c.clone());
+                c
+            }
+        };
+        open.handles += 1;
+        Ok(self.new_handle(Handle::File { inode: inode.clone(), content }))
+    }
+
+    pub fn open(&self, nodeid: u64, flags: i32) -> FsResult<u64> {
+        let inode = self.inode(nodeid)?;
+        let writable = flags & libc::O_ACCMODE != libc::O_RDONLY;
+        let fh = self.open_inode(&inode, writable)?;
+        if flags & libc::O_TRUNC != 0 && writable {
+            if let Err(e) = self.truncate_content(&self.file_content(fh)?, 0) {
+                self.release(fh);
+                return Err(e);
+            }
+        }
+        Ok(fh)
+    }
+
+    pub fn create(&self, parent: u64, name: &OsStr, mode: u32, flags: i32, caller: Caller) -> FsResult<(Attr, u64)> {
+        let dir = self.inode(parent)?;
+        let c = cstr(name)?;
+        let lower_flags = libc::O_CREAT | libc::O_RDWR | libc::O_NOFOLLOW | libc::O_CLOEXEC | (flags & libc::O_EXCL);
+        let fd = check(unsafe { libc::openat(dir.raw_fd(), c.as_ptr(), lower_flags, mode as libc::c_uint) })?;
+        unsafe { libc::close(fd) };
+        let attr = self.adopt(parent, name, caller)?;
+        let inode = self.inode(attr.ino)?;
+        let fh = match self.open_inode(&inode, true) {
+            Ok(fh) => fh,
+            Err(e) => {
+                self.forget(attr.ino, 1);
+                return Err(e);
+            }
+        };
+        if flags & libc::O_TRUNC != 0 {
+            self.truncate_content(&self.file_content(fh)?, 0)?;
+        }
+        Ok((self.attr_of(&inode)?, fh))
+    }
+
+    fn file_content(&self, fh: u64) -> FsResult<Content> {
+        match &*self.handle(fh)? {
+            Handle::File { content, .. } => Ok(content.clone()),
+            Handle::Dir { .. } => Err(FsError::errno(libc::EISDIR)),
+        }
+    }
+
+    pub fn read(&self, fh: u64, offset: u64, size: u32) -> FsResult<Vec<u8>> {
+        match self.file_content(fh)? {
+            Content::Container(c) => c.read(offset, size as usize),
+            Content::Plain(file) => {
+                let mut buf = vec![0u8; size as usize];
+                let n = lower::pread_full(&file, &mut buf, offset)?;
+                buf.truncate(n);
+                Ok(buf)
+            }
+        }
+    }
+
+    pub fn write(&self, fh: u64, offset: u64, data: &[u8]) -> FsResult<usize> {
+        match self.file_content(fh)? {
+            Content::Container(c) => c.write(offset, data),
+            Content::Plain(file) => {
+                file.write_all_at(data, offset)?;
+                Ok(data.len())
+            }
+        }
+    }
+
+    /// close(2) of one descriptor: everything written reaches the lower file (errors show here).
+    pub fn flush(&self, fh: u64) -> FsResult<()> {
+        match self.file_content(fh)? {
+            Content::Container(c) => c.flush(),
+            Content::Plain(_) => Ok(()),
+        }
+    }
+
+    pub fn fsync(&self, fh: u64, datasync: bool) -> FsResult<()> {
+        match self.file_content(fh)? {
+            Content::Container(c) => c.sync(datasync),
+            Content::Plain(file) => Ok(if datasync { lower::fdatasync(&file) } else { lower::fsync(&file) }?),
+        }
+    }
+
+    /// Last reference to a handle. When the file's last handle goes, its content is flushed and,
+    /// if records were rewritten, synced so their old copies can be freed.
+    pub fn release(&self, fh: u64) {
+        let Some(handle) = self.handles.lock().remove(&fh) else { return };
+        let Handle::File { inode, .. } = &*handle else { return };
+        let mut open = inode.open.lock();
+        open.handles = open.handles.saturating_sub(1);
+        if open.handles > 0 {
+            return;
+        }
+        if let Some(Content::Container(c)) = open.content.take() {
+            let result = if c.has_stale() { c.sync(true) } else { c.flush() };
+            if let Err(e) = result {
+                tracing::error!(file = %self.label(inode), "writing back at close failed: {e}");
+            }
+        }
+    }
+
+    /// Runs `f` on the file's content, opening it just for the call if no handle has it open.
+    fn with_content<T>(&self, inode: &Arc<Inode>, f: impl FnOnce(&Content) -> FsResult<T>) -> FsResult<T> {
+        let open = inode.open.lock();
+        if let Some(c) = open.content.clone() {
+            drop(open);
+            return f(&c);
+        }
+        let content = self.load_content(inode, true)?;
+        let result = f(&content);
+        if let Content::Container(c) = &content {
+            c.flush()?;
+        }
+        drop(open);
+        result
+    }
+
+    fn truncate_content(&self, content: &Content, size: u64) -> FsResult<()> {
+        match content {
+            Content::Container(c) => c.set_size(size),
+            Content::Plain(file) => Ok(file.set_len(size)?),
+        }
+    }
+
+    pub fn setattr(&self, nodeid: u64, fh: Option<u64>, set: SetAttr) -> FsResult<Attr> {
+        let inode = self.inode(nodeid)?;
+        let path = lower::proc_path(inode.raw_fd());
+        if let Some(mode) = set.mode {
+            check(unsafe { libc::chmod(path.as_ptr(), (mode & 0o7777) as libc::mode_t) })?;
+        }
+        if set.uid.is_some() || set.gid.is_some() {
+            let uid = set.uid.unwrap_or(u32::MAX);
+            let gid = set.gid.unwrap_or(u32::MAX);
+            check(unsafe {
+                libc::fchownat(inode.raw_fd(), c"".as_ptr(), uid, gid, libc::AT_EMPTY_PATH | libc::AT_SYMLINK_NOFOLLOW)
+            })?;
+        }
+        if let Some(size) = set.size {
+            match fh.and_then(|fh| self.file_content(fh).ok()) {
+                Some(content) => self.truncate_content(&content, size)?,
+                None => self.with_content(&inode, |content| self.truncate_content(content, size))?,
+            }
+        }
+        if set.atime.is_some() || set.mtime.is_some() {
+            // Land pending records first, or their arrival would overwrite the times set here.
+            if let Some(Content::Container(c)) = inode.open_content() {
+                c.flush()?;
+            }
+            let times = [timespec(set.atime), timespec(set.mtime)];
+            check(unsafe { libc::utimensat(libc::AT_FDCWD, path.as_ptr(), times.as_ptr(), 0) })?;
+        }
+        self.attr_of(&inode)
+    }
+
+    pub fn fallocate(&self, fh: u64, offset: u64, len: u64, mode: i32) -> FsResult<()> {
+        let end = offset.checked_add(len).ok_or(FsError::errno(libc::EFBIG))?;
+        match self.file_content(fh)? {
+            Content::Plain(file) => {
+                check(unsafe { libc::fallocate(file.as_raw_fd(), mode, offset as libc::off_t, len as libc::off_t) })?;
+                Ok(())
+            }
+            Content::Container(c) => {
+                let keep_size = mode & libc::FALLOC_FL_KEEP_SIZE != 0;
+                let action = mode & !libc::FALLOC_FL_KEEP_SIZE;
+                match action {
+                    // Space cannot be promised for data whose compressed size is unknown: the
+                    // size changes, the bytes read as zeros, nothing is reserved.
+                    0 => {}
+                    libc::FALLOC_FL_PUNCH_HOLE if keep_size => c.zero_range(offset, len)?,
+                    libc::FALLOC_FL_ZERO_RANGE => c.zero_range(offset, len)?,
+                    _ => return Err(FsError::errno(libc::EOPNOTSUPP)),
+                }
+                if !keep_size && end > c.size() {
+                    c.set_size(end)?;
+                }
+                Ok(())
+            }
+        }
+    }
+
+    pub fn lseek(&self, fh: u64, offset: i64, whence: i32) -> FsResult<i64> {
+        if offset < 0 {
+            return Err(FsError::errno(libc::ENXIO));
+        }
+        match self.file_content(fh)? {
+            Content::Container(c) => match whence {
+                libc::SEEK_DATA => Ok(c.seek(offset as u64, true)? as i64),
+                libc::SEEK_HOLE => Ok(c.seek(offset as u64, false)? as i64),
+                _ => Err(FsError::errno(libc::EINVAL)),
+            },
+            Content::Plain(file) => {
+                let r = unsafe { libc::lseek(file.as_raw_fd(), offset, whence) };
+                if r < 0 { Err(std::io::Error::last_os_error().into()) } else { Ok(r) }
+            }
+        }
+    }
+}

@@ -1,0 +1,272 @@
+//! The file-system core: every operation on the visible tree, independent of FUSE.
+//!
+//! Operations take node ids and names and return plain values or an [`FsError`]; the FUSE
+//! adapter (`crate::fuse`) only translates. Directories, names, links, modes, owners, times and
+//! xattrs pass straight through to the lower tree; only regular-file contents are transformed
+//! (see [`container`]).
+
+pub mod container;
+pub mod data;
+pub mod error;
+mod inodes;
+pub mod lower;
+mod namespace;
+mod xattr;
+
+use crate::checksum::ChecksumKind;
+use crate::codec::Compression;
+use crate::engine::{Engine, MinSavings};
+use crate::format::Layout;
+use container::{Container, CreateSettings};
+pub use error::{FsError, FsResult};
+use inodes::{Content, Inode, InodeTable};
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+pub use inodes::ROOT;
+
+/// What the mount was asked for; applies to files created from now on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Options {
+    pub compression: Compression,
+    pub layout: Layout,
+    pub checksum: ChecksumKind,
+    pub min_savings: MinSavings,
+}
+
+impl Default for Options {
+    fn default() -> Options {
+        Options {
+            compression: Compression::LZ4,
+            layout: Layout::new(128 * 1024).expect("BUG: 128K is a valid record size"),
+            checksum: ChecksumKind::Crc32c,
+            min_savings: MinSavings::ZFS,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    File,
+    Dir,
+    Symlink,
+    Fifo,
+    Socket,
+    CharDevice,
+    BlockDevice,
+}
+
+impl Kind {
+    pub fn from_mode(mode: u32) -> Kind {
+        match mode & libc::S_IFMT {
+            libc::S_IFDIR => Kind::Dir,
+            libc::S_IFLNK => Kind::Symlink,
+            libc::S_IFIFO => Kind::Fifo,
+            libc::S_IFSOCK => Kind::Socket,
+            libc::S_IFCHR => Kind::CharDevice,
+            libc::S_IFBLK => Kind::BlockDevice,
+            _ => Kind::File,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+pub struct Attr {
+    pub ino: u64,
+    pub size: u64,
+    /// 512-byte blocks the lower file really occupies.
+    pub blocks: u64,
+    pub atime: SystemTime,
+    pub mtime: SystemTime,
+    pub ctime: SystemTime,
+    pub kind: Kind,
+    pub perm: u16,
+    pub nlink: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub rdev: u32,
+    pub blksize: u32,
+}
+
+/// Who is asking (for the owner of what they create).
+#[derive(Clone, Copy, Debug)]
+pub struct Caller {
+    pub uid: u32,
+    pub gid: u32,
+}
+
+pub struct DirEntry {
+    pub ino: u64,
+    pub kind: Kind,
+    pub name: std::ffi::OsString,
+}
+
+pub struct Statfs {
+    pub blocks: u64,
+    pub bfree: u64,
+    pub bavail: u64,
+    pub files: u64,
+    pub ffree: u64,
+    pub bsize: u32,
+    pub namelen: u32,
+    pub frsize: u32,
+}
+
+enum Handle {
+    File { inode: Arc<Inode>, content: Content },
+    Dir { entries: Arc<Vec<DirEntry>> },
+}
+
+pub struct DenseFs {
+    options: Options,
+    engine: Arc<Engine>,
+    inodes: InodeTable,
+    handles: Mutex<HashMap<u64, Arc<Handle>>>,
+    next_handle: AtomicU64,
+    is_root: bool,
+}
+
+fn time(sec: i64, nsec: i64) -> SystemTime {
+    if sec >= 0 {
+        UNIX_EPOCH + Duration::new(sec as u64, nsec as u32)
+    } else {
+        UNIX_EPOCH - Duration::new((-sec) as u64, 0) + Duration::from_nanos(nsec as u64)
+    }
+}
+
+impl DenseFs {
+    pub fn new(lower_root: &Path, options: Options, engine: Arc<Engine>) -> FsResult<DenseFs> {
+        let fd = lower::open_root(lower_root).map_err(|e| FsError::new(e.raw_os_error().unwrap_or(libc::EIO), format!("cannot open {}: {e}", lower_root.display())))?;
+        let st = lower::stat_fd(std::os::fd::AsRawFd::as_raw_fd(&fd))?;
+        if st.st_mode & libc::S_IFMT != libc::S_IFDIR {
+            return Err(FsError::new(libc::ENOTDIR, format!("{} is not a directory", lower_root.display())));
+        }
+        Ok(DenseFs {
+            options,
+            engine,
+            inodes: InodeTable::new(fd, st.st_dev, st.st_ino),
+            handles: Mutex::new(HashMap::new()),
+            next_handle: AtomicU64::new(1),
+            is_root: unsafe { libc::geteuid() } == 0,
+        })
+    }
+
+    pub fn options(&self) -> &Options {
+        &self.options
+    }
+
+    fn inode(&self, nodeid: u64) -> FsResult<Arc<Inode>> {
+        self.inodes.get(nodeid).ok_or_else(|| FsError::new(libc::ESTALE, format!("unknown inode {nodeid}")))
+    }
+
+    fn new_handle(&self, handle: Handle) -> u64 {
+        let fh = self.next_handle.fetch_add(1, Ordering::Relaxed);
+        self.handles.lock().insert(fh, Arc::new(handle));
+        fh
+    }
+
+    fn handle(&self, fh: u64) -> FsResult<Arc<Handle>> {
+        self.handles.lock().get(&fh).cloned().ok_or_else(|| FsError::new(libc::EBADF, format!("unknown handle {fh}")))
+    }
+
+    fn create_settings(&self) -> CreateSettings {
+        CreateSettings { compression: self.options.compression, layout: self.options.layout, checksum: self.options.checksum }
+    }
+
+    fn label(&self, inode: &Inode) -> String {
+        std::fs::read_link(format!("/proc/self/fd/{}", inode.raw_fd()))
+            .map(|p| p.display().to_string())
+            .unwrap_or_else(|_| format!("inode {}", inode.nodeid))
+    }
+
+    /// The logical size of a regular file that is not open: from its header, or the lower size.
+    fn closed_file_size(&self, inode: &Inode, lower_size: u64) -> FsResult<u64> {
+        if lower_size == 0 {
+            return Ok(0);
+        }
+        let file = match lower::reopen(inode.raw_fd(), libc::O_RDONLY) {
+            Ok(f) => f,
+            // Unreadable by the daemon (not root, mode 000): show the lower size.
+            Err(_) => return Ok(lower_size),
+        };
+        match Container::probe(&file) {
+            Ok(Some(header)) => Ok(header.size),
+            Ok(None) => Ok(lower_size),
+            Err(e) => {
+                tracing::error!(file = %self.label(inode), "damaged container header: {e}");
+                Ok(lower_size)
+            }
+        }
+    }
+
+    fn attr_of(&self, inode: &Inode) -> FsResult<Attr> {
+        let st = lower::stat_fd(inode.raw_fd())?;
+        let kind = Kind::from_mode(st.st_mode);
+        let mut size = st.st_size as u64;
+        let mut blksize = st.st_blksize as u32;
+        if kind == Kind::File {
+            match inode.open_content() {
+                Some(Content::Container(c)) => {
+                    size = c.size();
+                    blksize = c.layout().record_size() as u32;
+                }
+                Some(Content::Plain(_)) => {}
+                None => size = self.closed_file_size(inode, size)?,
+            }
+        }
+        Ok(Attr {
+            ino: inode.nodeid,
+            size,
+            blocks: st.st_blocks as u64,
+            atime: time(st.st_atime, st.st_atime_nsec),
+            mtime: time(st.st_mtime, st.st_mtime_nsec),
+            ctime: time(st.st_ctime, st.st_ctime_nsec),
+            kind,
+            perm: (st.st_mode & 0o7777) as u16,
+            nlink: st.st_nlink as u32,
+            uid: st.st_uid,
+            gid: st.st_gid,
+            rdev: st.st_rdev as u32,
+            blksize,
+        })
+    }
+
+    pub fn getattr(&self, nodeid: u64) -> FsResult<Attr> {
+        self.attr_of(&*self.inode(nodeid)?)
+    }
+
+    pub fn forget(&self, nodeid: u64, n: u64) {
+        self.inodes.forget(nodeid, n);
+    }
+
+    pub fn statfs(&self) -> FsResult<Statfs> {
+        let root = self.inode(ROOT)?;
+        let mut sv: libc::statvfs = unsafe { std::mem::zeroed() };
+        error::check(unsafe { libc::fstatvfs(root.raw_fd(), &mut sv) })?;
+        Ok(Statfs {
+            blocks: sv.f_blocks,
+            bfree: sv.f_bfree,
+            bavail: sv.f_bavail,
+            files: sv.f_files,
+            ffree: sv.f_ffree,
+            bsize: sv.f_bsize as u32,
+            namelen: sv.f_namemax as u32,
+            frsize: sv.f_frsize as u32,
+        })
+    }
+
+    /// Lands everything still in memory (unmount).
+    pub fn flush_all(&self) {
+        for content in self.inodes.open_contents() {
+            if let Content::Container(c) = content {
+                if let Err(e) = c.sync(false) {
+                    tracing::error!("flush at unmount failed: {e}");
+                }
+            }
+        }
+    }
+}

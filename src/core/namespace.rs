@@ -1,0 +1,174 @@
+//! Names: lookup, create and remove directory entries, links, renames, directory listings.
+
+use super::error::check;
+use super::lower::{self, cstr};
+use super::{Attr, Caller, DenseFs, DirEntry, FsError, FsResult, Handle, Kind};
+use std::ffi::OsStr;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+impl DenseFs {
+    /// Looks a name up and registers the kernel's reference to it.
+    pub fn lookup(&self, parent: u64, name: &OsStr) -> FsResult<Attr> {
+        let dir = self.inode(parent)?;
+        let fd = lower::open_path(dir.raw_fd(), name)?;
+        let st = lower::stat_fd(fd.as_raw_fd())?;
+        let inode = self.inodes.remember(fd, &st);
+        match self.attr_of(&inode) {
+            Ok(attr) => Ok(attr),
+            Err(e) => {
+                self.inodes.forget(inode.nodeid, 1);
+                Err(e)
+            }
+        }
+    }
+
+    /// Gives a just-created entry to the caller (the daemon runs as root) and looks it up.
+    pub(super) fn adopt(&self, parent: u64, name: &OsStr, caller: Caller) -> FsResult<Attr> {
+        let dir = self.inode(parent)?;
+        if self.is_root {
+            let dir_st = lower::stat_fd(dir.raw_fd())?;
+            // Under a setgid directory the lower file system already chose the group.
+            let gid = if dir_st.st_mode & libc::S_ISGID != 0 { u32::MAX } else { caller.gid };
+            let c = cstr(name)?;
+            check(unsafe { libc::fchownat(dir.raw_fd(), c.as_ptr(), caller.uid, gid, libc::AT_SYMLINK_NOFOLLOW) })?;
+        }
+        self.lookup(parent, name)
+    }
+
+    pub fn mkdir(&self, parent: u64, name: &OsStr, mode: u32, caller: Caller) -> FsResult<Attr> {
+        let dir = self.inode(parent)?;
+        let c = cstr(name)?;
+        check(unsafe { libc::mkdirat(dir.raw_fd(), c.as_ptr(), mode as libc::mode_t) })?;
+        self.adopt(parent, name, caller)
+    }
+
+    pub fn mknod(&self, parent: u64, name: &OsStr, mode: u32, rdev: u32, caller: Caller) -> FsResult<Attr> {
+        let dir = self.inode(parent)?;
+        let c = cstr(name)?;
+        check(unsafe { libc::mknodat(dir.raw_fd(), c.as_ptr(), mode as libc::mode_t, rdev as libc::dev_t) })?;
+        self.adopt(parent, name, caller)
+    }
+
+    pub fn symlink(&self, parent: u64, name: &OsStr, target: &Path, caller: Caller) -> FsResult<Attr> {
+        let dir = self.inode(parent)?;
+        let c = cstr(name)?;
+        let t = cstr(target.as_os_str())?;
+        check(unsafe { libc::symlinkat(t.as_ptr(), dir.raw_fd(), c.as_ptr()) })?;
+        self.adopt(parent, name, caller)
+    }
+
+    pub fn readlink(&self, nodeid: u64) -> FsResult<Vec<u8>> {
+        let inode = self.inode(nodeid)?;
+        let mut buf = vec![0u8; libc::PATH_MAX as usize + 1];
+        let n = check(unsafe {
+            libc::readlinkat(inode.raw_fd(), c"".as_ptr(), buf.as_mut_ptr() as *mut libc::c_char, buf.len()) as libc::c_int
+        })?;
+        buf.truncate(n as usize);
+        Ok(buf)
+    }
+
+    pub fn unlink(&self, parent: u64, name: &OsStr) -> FsResult<()> {
+        let dir = self.inode(parent)?;
+        let c = cstr(name)?;
+        check(unsafe { libc::unlinkat(dir.raw_fd(), c.as_ptr(), 0) })?;
+        Ok(())
+    }
+
+    pub fn rmdir(&self, parent: u64, name: &OsStr) -> FsResult<()> {
+        let dir = self.inode(parent)?;
+        let c = cstr(name)?;
+        check(unsafe { libc::unlinkat(dir.raw_fd(), c.as_ptr(), libc::AT_REMOVEDIR) })?;
+        Ok(())
+    }
+
+    /// rename(2) with renameat2's flags (RENAME_NOREPLACE, RENAME_EXCHANGE) passed to the lower.
+    pub fn rename(&self, parent: u64, name: &OsStr, new_parent: u64, new_name: &OsStr, flags: u32) -> FsResult<()> {
+        let from = self.inode(parent)?;
+        let to = self.inode(new_parent)?;
+        let a = cstr(name)?;
+        let b = cstr(new_name)?;
+        let ret = unsafe {
+            libc::syscall(libc::SYS_renameat2, from.raw_fd(), a.as_ptr(), to.raw_fd(), b.as_ptr(), flags) as libc::c_int
+        };
+        check(ret)?;
+        Ok(())
+    }
+
+    pub fn link(&self, nodeid: u64, new_parent: u64, new_name: &OsStr) -> FsResult<Attr> {
+        let inode = self.inode(nodeid)?;
+        let dir = self.inode(new_parent)?;
+        let c = cstr(new_name)?;
+        let src = lower::proc_path(inode.raw_fd());
+        check(unsafe { libc::linkat(libc::AT_FDCWD, src.as_ptr(), dir.raw_fd(), c.as_ptr(), libc::AT_SYMLINK_FOLLOW) })?;
+        self.lookup(new_parent, new_name)
+    }
+
+    /// Snapshots the directory's entries; offsets into the snapshot stay valid for the handle.
+    pub fn opendir(&self, nodeid: u64) -> FsResult<u64> {
+        let inode = self.inode(nodeid)?;
+        let path = lower::proc_path(inode.raw_fd());
+        let fd = check(unsafe { libc::open(path.as_ptr(), libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC) })?;
+        let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+        let dir = unsafe { libc::fdopendir(owned.as_raw_fd()) };
+        if dir.is_null() {
+            return Err(std::io::Error::last_os_error().into());
+        }
+        std::mem::forget(owned); // closedir closes it
+        let mut entries = Vec::new();
+        loop {
+            let ent = unsafe { libc::readdir64(dir) };
+            if ent.is_null() {
+                break;
+            }
+            let ent = unsafe { &*ent };
+            let name = unsafe { std::ffi::CStr::from_ptr(ent.d_name.as_ptr()) };
+            let name = OsStr::from_bytes(name.to_bytes()).to_os_string();
+            let kind = match ent.d_type {
+                libc::DT_DIR => Kind::Dir,
+                libc::DT_LNK => Kind::Symlink,
+                libc::DT_FIFO => Kind::Fifo,
+                libc::DT_SOCK => Kind::Socket,
+                libc::DT_CHR => Kind::CharDevice,
+                libc::DT_BLK => Kind::BlockDevice,
+                _ => Kind::File,
+            };
+            let ino = if name == "." || name == ".." { nodeid } else { ent.d_ino };
+            entries.push(DirEntry { ino, kind, name });
+        }
+        unsafe { libc::closedir(dir) };
+        Ok(self.new_handle(Handle::Dir { entries: Arc::new(entries) }))
+    }
+
+    /// Entries from `offset` on, each with the offset of the next one.
+    pub fn readdir(&self, fh: u64, offset: u64) -> FsResult<Vec<(u64, DirEntry)>> {
+        let handle = self.handle(fh)?;
+        let Handle::Dir { entries } = &*handle else { return Err(FsError::errno(libc::ENOTDIR)) };
+        Ok(entries
+            .iter()
+            .enumerate()
+            .skip(offset as usize)
+            .map(|(i, e)| (i as u64 + 1, DirEntry { ino: e.ino, kind: e.kind, name: e.name.clone() }))
+            .collect())
+    }
+
+    pub fn release_handle(&self, fh: u64) {
+        self.handles.lock().remove(&fh);
+    }
+
+    pub fn fsyncdir(&self, nodeid: u64) -> FsResult<()> {
+        let inode = self.inode(nodeid)?;
+        let dir = lower::reopen(inode.raw_fd(), libc::O_RDONLY | libc::O_DIRECTORY)?;
+        lower::fsync(&dir)?;
+        Ok(())
+    }
+
+    /// Where a node lives on the lower file system (for tools and logs).
+    pub fn lower_path(&self, nodeid: u64) -> FsResult<PathBuf> {
+        let inode = self.inode(nodeid)?;
+        Ok(std::fs::read_link(format!("/proc/self/fd/{}", inode.raw_fd()))?)
+    }
+}
+

@@ -1,0 +1,229 @@
+//! Pure offset arithmetic of the container: where a record's descriptor and slots live in the
+//! lower file, and how a byte range splits into per-record pieces. No I/O here.
+//!
+//! ```text
+//! lower offset 0            header block (HEADER_BLOCK bytes, see format::header)
+//! then, for each group g of GROUP_RECORDS records:
+//!   table block             GROUP_RECORDS entries of ENTRY_SIZE bytes (two slot descriptors each)
+//!   record slots            for record i of the group: slot 0, then slot 1, each record_size bytes
+//! ```
+//! Every region starts on a 4 KiB boundary, so a slot's unused tail can be punched out and the
+//! lower file's allocated blocks follow the compressed size.
+
+pub const HEADER_BLOCK: u64 = 4096;
+pub const GROUP_RECORDS: u64 = 64;
+pub const DESCRIPTOR_SIZE: u64 = 32;
+pub const ENTRY_SIZE: u64 = 2 * DESCRIPTOR_SIZE;
+pub const TABLE_BLOCK: u64 = GROUP_RECORDS * ENTRY_SIZE;
+pub const SLOTS_PER_RECORD: u64 = 2;
+/// Allocation granularity the layout is aligned to (and rounds slot tails to).
+pub const BLOCK: u64 = 4096;
+
+pub const MIN_RECORD_SHIFT: u8 = 12;
+pub const MAX_RECORD_SHIFT: u8 = 20;
+
+/// Record geometry of one container file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Layout {
+    record_shift: u8,
+}
+
+/// The part of one record that a byte range touches.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Piece {
+    pub record: u64,
+    /// Offset of the range's first byte inside the record.
+    pub skip: usize,
+    pub len: usize,
+}
+
+impl Piece {
+    /// A piece that does not cover its whole record needs the record's old bytes (read-modify-write).
+    pub fn is_partial(&self, record_size: usize) -> bool {
+        self.skip != 0 || self.len != record_size
+    }
+}
+
+impl Layout {
+    /// `record_size` must be a power of two from 4 KiB to 1 MiB.
+    pub fn new(record_size: u64) -> Option<Layout> {
+        if !record_size.is_power_of_two() {
+            return None;
+        }
+        let shift = record_size.trailing_zeros() as u8;
+        (MIN_RECORD_SHIFT..=MAX_RECORD_SHIFT).contains(&shift).then_some(Layout { record_shift: shift })
+    }
+
+    pub fn from_shift(record_shift: u8) -> Option<Layout> {
+        Layout::new(1u64.checked_shl(record_shift as u32)?)
+    }
+
+    pub fn record_shift(&self) -> u8 {
+        self.record_shift
+    }
+
+    pub fn record_size(&self) -> u64 {
+        1 << self.record_shift
+    }
+
+    pub fn plain_off_to_record(&self, offset: u64) -> u64 {
+        offset >> self.record_shift
+    }
+
+    pub fn record_to_plain_off(&self, record: u64) -> u64 {
+        record << self.record_shift
+    }
+
+    /// Number of records needed to hold `size` logical bytes.
+    pub fn plain_size_to_records(&self, size: u64) -> u64 {
+        size.div_ceil(self.record_size())
+    }
+
+    /// Logical bytes of `record` that lie below `size` (the record's length in a file of that size).
+    pub fn record_len_in_size(&self, record: u64, size: u64) -> usize {
+        let start = self.record_to_plain_off(record);
+        size.saturating_sub(start).min(self.record_size()) as usize
+    }
+
+    fn group_span(&self) -> u64 {
+        TABLE_BLOCK + GROUP_RECORDS * SLOTS_PER_RECORD * self.record_size()
+    }
+
+    pub fn record_to_group(&self, record: u64) -> u64 {
+        record / GROUP_RECORDS
+    }
+
+    pub fn group_to_lower_off(&self, group: u64) -> u64 {
+        HEADER_BLOCK + group * self.group_span()
+    }
+
+    /// Offset of the group's table block (same as the group's start).
+    pub fn group_to_table_off(&self, group: u64) -> u64 {
+        self.group_to_lower_off(group)
+    }
+
+    /// Index of `record` inside its group's table.
+    pub fn record_to_entry_index(&self, record: u64) -> usize {
+        (record % GROUP_RECORDS) as usize
+    }
+
+    pub fn record_to_descriptor_off(&self, record: u64, slot: usize) -> u64 {
+        self.group_to_table_off(self.record_to_group(record))
+            + (record % GROUP_RECORDS) * ENTRY_SIZE
+            + slot as u64 * DESCRIPTOR_SIZE
+    }
+
+    pub fn record_to_slot_off(&self, record: u64, slot: usize) -> u64 {
+        debug_assert!(slot < SLOTS_PER_RECORD as usize);
+        self.group_to_lower_off(self.record_to_group(record))
+            + TABLE_BLOCK
+            + ((record % GROUP_RECORDS) * SLOTS_PER_RECORD + slot as u64) * self.record_size()
+    }
+
+    /// Lower-file length that holds every record below `records` (the end of its last group).
+    pub fn records_to_lower_len(&self, records: u64) -> u64 {
+        if records == 0 {
+            return HEADER_BLOCK;
+        }
+        self.group_to_lower_off(self.record_to_group(records - 1) + 1)
+    }
+
+    /// Splits the logical range `[offset, offset + len)` into per-record pieces.
+    pub fn split(&self, offset: u64, len: u64) -> impl Iterator<Item = Piece> + '_ {
+        let end = offset.saturating_add(len);
+        let mut pos = offset;
+        std::iter::from_fn(move || {
+            if pos >= end {
+                return None;
+            }
+            let record = self.plain_off_to_record(pos);
+            let skip = (pos - self.record_to_plain_off(record)) as usize;
+            let take = (self.record_size() - skip as u64).min(end - pos);
+            pos += take;
+            Some(Piece { record, skip, len: take as usize })
+        })
+    }
+}
+
+/// Rounds up to the allocation block.
+pub fn round_up_block(n: u64) -> u64 {
+    n.div_ceil(BLOCK) * BLOCK
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_powers_of_two_from_4k_to_1m_are_record_sizes() {
+        for shift in 0..32u32 {
+            let ok = (12..=20).contains(&shift);
+            assert_eq!(Layout::new(1 << shift).is_some(), ok, "shift {shift}");
+        }
+        assert!(Layout::new(12288).is_none());
+        assert!(Layout::new(0).is_none());
+    }
+
+    #[test]
+    fn regions_never_overlap_and_are_block_aligned() {
+        for shift in [12u8, 13, 17, 20] {
+            let layout = Layout::from_shift(shift).unwrap();
+            let rs = layout.record_size();
+            let mut regions: Vec<(u64, u64)> = vec![(0, HEADER_BLOCK)];
+            for record in 0..(3 * GROUP_RECORDS) {
+                if record % GROUP_RECORDS == 0 {
+                    let t = layout.group_to_table_off(layout.record_to_group(record));
+                    regions.push((t, t + TABLE_BLOCK));
+                }
+                for slot in 0..2 {
+                    let s = layout.record_to_slot_off(record, slot);
+                    assert_eq!(s % BLOCK, 0);
+                    regions.push((s, s + rs));
+                    let d = layout.record_to_descriptor_off(record, slot);
+                    let t = layout.group_to_table_off(layout.record_to_group(record));
+                    assert!(d >= t && d + DESCRIPTOR_SIZE <= t + TABLE_BLOCK);
+                    // A descriptor never straddles a 512-byte sector, so its write is atomic on disk.
+                    assert_eq!(d / 512, (d + DESCRIPTOR_SIZE - 1) / 512);
+                }
+            }
+            regions.sort();
+            for pair in regions.windows(2) {
+                assert!(pair[0].1 <= pair[1].0, "overlap {pair:?}");
+                assert_eq!(pair[0].1, pair[1].0, "gap {pair:?}");
+            }
+            assert_eq!(layout.records_to_lower_len(3 * GROUP_RECORDS), regions.last().unwrap().1);
+        }
+    }
+
+    #[test]
+    fn split_covers_the_range_exactly_for_every_small_case() {
+        let layout = Layout::new(4096).unwrap();
+        let rs = layout.record_size();
+        for offset in (0..3 * rs).step_by(511) {
+            for len in (0..3 * rs).step_by(777) {
+                let pieces: Vec<Piece> = layout.split(offset, len).collect();
+                let mut pos = offset;
+                for p in &pieces {
+                    assert_eq!(layout.record_to_plain_off(p.record) + p.skip as u64, pos);
+                    assert!(p.len > 0 && p.skip + p.len <= rs as usize);
+                    pos += p.len as u64;
+                }
+                assert_eq!(pos, offset + len);
+            }
+        }
+    }
+
+    #[test]
+    fn record_lengths_follow_the_file_size() {
+        let layout = Layout::new(4096).unwrap();
+        assert_eq!(layout.plain_size_to_records(0), 0);
+        assert_eq!(layout.plain_size_to_records(1), 1);
+        assert_eq!(layout.plain_size_to_records(4096), 1);
+        assert_eq!(layout.plain_size_to_records(4097), 2);
+        assert_eq!(layout.record_len_in_size(1, 4097), 1);
+        assert_eq!(layout.record_len_in_size(0, 4097), 4096);
+        assert_eq!(layout.record_len_in_size(2, 4097), 0);
+        assert!(layout.split(0, 4096).next().is_some_and(|p| !p.is_partial(4096)));
+        assert!(layout.split(1, 4095).next().is_some_and(|p| p.is_partial(4096)));
+    }
+}

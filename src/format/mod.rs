@@ -1,0 +1,304 @@
+//! The container format, version 1: byte maps and their encoders/decoders (see docs/FORMAT.md).
+//!
+//! Header copy (HEADER_COPY_SIZE bytes; two copies, at 0 and HEADER_COPY_STRIDE, newest valid wins):
+//! ```text
+//!  0  8  magic "DENSEFS\0"
+//!  8  2  format version (u16 LE) = 1
+//! 10  1  record shift (12..=20: record size 4 KiB..1 MiB)
+//! 11  1  checksum kind (1 = crc32c, 2 = xxh3-64)
+//! 12  1  codec id the file was created with (informational)
+//! 13  1  codec level (i8, informational)
+//! 14  2  reserved, zero
+//! 16  8  logical file size (u64 LE)
+//! 24  8  sequence number (u64 LE; the copy with the higher one is current)
+//! 32 28  reserved, zero
+//! 60  4  crc32c of bytes 0..60 (u32 LE)
+//! ```
+//! Slot descriptor (DESCRIPTOR_SIZE = 32 bytes; all zero = empty slot):
+//! ```text
+//!  0  4  generation (u32 LE; 0 = empty; the valid slot with the higher one is current)
+//!  4  4  stored length in the slot (u32 LE; 0 = an all-zero record kept as a hole)
+//!  8  4  logical length (u32 LE; the record's decoded length, 1..=record size)
+//! 12  1  codec id (0 = stored raw)
+//! 13  1  codec level (i8, informational)
+//! 14  2  reserved, zero
+//! 16  8  checksum of the stored bytes (crc32c zero-extended, or xxh3-64), u64 LE
+//! 24  4  reserved, zero
+//! 28  4  crc32c of bytes 0..28 (u32 LE)
+//! ```
+
+pub mod layout;
+
+pub use crate::checksum::ChecksumKind;
+use crate::codec::{Codec, CodecError};
+pub use layout::{Layout, Piece};
+
+pub const MAGIC: [u8; 8] = *b"DENSEFS\0";
+pub const FORMAT_VERSION: u16 = 1;
+pub const HEADER_COPY_SIZE: usize = 64;
+pub const HEADER_COPY_STRIDE: usize = 2048;
+pub const DESCRIPTOR_SIZE: usize = layout::DESCRIPTOR_SIZE as usize;
+
+/// Why a container's metadata could not be used.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FormatError {
+    /// Both header copies are damaged (the magic is there, the checksums are not).
+    BadHeader,
+    /// Written by a newer densefs.
+    FutureVersion(u16),
+    /// A field holds a value this version does not know.
+    BadField(&'static str),
+    /// A record's stored bytes do not match their checksum.
+    ChecksumMismatch,
+    /// A record passed its checksum but did not decode.
+    Codec(CodecError),
+}
+
+impl std::fmt::Display for FormatError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            FormatError::BadHeader => f.write_str("both header copies are damaged"),
+            FormatError::FutureVersion(v) => {
+                write!(f, "format version {v} is newer than this densefs reads ({FORMAT_VERSION})")
+            }
+            FormatError::BadField(what) => write!(f, "invalid {what}"),
+            FormatError::ChecksumMismatch => f.write_str("checksum mismatch"),
+            FormatError::Codec(e) => e.fmt(f),
+        }
+    }
+}
+
+impl std::error::Error for FormatError {}
+
+fn le_u16(b: &[u8], at: usize) -> u16 {
+    u16::from_le_bytes(b[at..at + 2].try_into().expect("BUG: slice of 2"))
+}
+fn le_u32(b: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes(b[at..at + 4].try_into().expect("BUG: slice of 4"))
+}
+fn le_u64(b: &[u8], at: usize) -> u64 {
+    u64::from_le_bytes(b[at..at + 8].try_into().expect("BUG: slice of 8"))
+}
+
+/// The file-level header.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Header {
+    pub layout: Layout,
+    pub checksum: ChecksumKind,
+    pub codec: Codec,
+    pub level: i8,
+    pub size: u64,
+    pub sequence: u64,
+}
+
+impl Header {
+    pub fn encode(&self) -> [u8; HEADER_COPY_SIZE] {
+        let mut b = [0u8; HEADER_COPY_SIZE];
+        b[0..8].copy_from_slice(&MAGIC);
+        b[8..10].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
+        b[10] = self.layout.record_shift();
+        b[11] = self.checksum as u8;
+        b[12] = self.codec as u8;
+        b[13] = self.level as u8;
+        b[16..24].copy_from_slice(&self.size.to_le_bytes());
+        b[24..32].copy_from_slice(&self.sequence.to_le_bytes());
+        let crc = crc32c::crc32c(&b[..60]);
+        b[60..64].copy_from_slice(&crc.to_le_bytes());
+        b
+    }
+
+    /// Offset of the copy that a header with this sequence number is written to: copies
+    /// alternate, so a torn write leaves the other, older copy intact.
+    pub fn copy_offset(sequence: u64) -> u64 {
+        (sequence % 2) * HEADER_COPY_STRIDE as u64
+    }
+
+    fn decode_copy(b: &[u8]) -> Option<Result<Header, FormatError>> {
+        if b[0..8] != MAGIC {
+            return None;
+        }
+        if crc32c::crc32c(&b[..60]) != le_u32(b, 60) {
+            return Some(Err(FormatError::BadHeader));
+        }
+        let version = le_u16(b, 8);
+        if version > FORMAT_VERSION {
+            return Some(Err(FormatError::FutureVersion(version)));
+        }
+        if version == 0 {
+            return Some(Err(FormatError::BadField("format version 0")));
+        }
+        let parsed = (|| {
+            Ok(Header {
+                layout: Layout::from_shift(b[10]).ok_or(FormatError::BadField("record size"))?,
+                checksum: ChecksumKind::from_id(b[11]).ok_or(FormatError::BadField("checksum kind"))?,
+                codec: Codec::from_id(b[12]).map_err(|_| FormatError::BadField("codec"))?,
+                level: b[13] as i8,
+                size: le_u64(b, 16),
+                sequence: le_u64(b, 24),
+            })
+        })();
+        Some(parsed)
+    }
+
+    /// Decodes the header block (its first `HEADER_COPY_STRIDE + HEADER_COPY_SIZE` bytes or
+    /// more). `Ok(None)`: not a container (no magic in either copy) — a plain file.
+    pub fn decode(block: &[u8]) -> Result<Option<Header>, FormatError> {
+        let copy = |at: usize| block.get(at..at + HEADER_COPY_SIZE).and_then(Header::decode_copy);
+        match (copy(0), copy(HEADER_COPY_STRIDE)) {
+            (None, None) => Ok(None),
+            (Some(Ok(a)), Some(Ok(b))) => Ok(Some(if a.sequence >= b.sequence { a } else { b })),
+            (Some(Ok(h)), _) | (_, Some(Ok(h))) => Ok(Some(h)),
+            // A future version wins over a torn copy: say what is really wrong.
+            (Some(Err(e @ FormatError::FutureVersion(_))), _) | (_, Some(Err(e))) | (Some(Err(e)), _) => Err(e),
+        }
+    }
+}
+
+/// One slot's descriptor: which bytes the slot holds and how to check and decode them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct Descriptor {
+    pub generation: u32,
+    pub stored_len: u32,
+    pub logical_len: u32,
+    pub codec_id: u8,
+    pub level: i8,
+    pub checksum: u64,
+}
+
+/// What a descriptor's 32 bytes say.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SlotState {
+    Empty,
+    Valid(Descriptor),
+    /// Torn or damaged: ignored, as if the slot were empty, but reported.
+    Damaged,
+}
+
+impl Descriptor {
+    pub fn encode(&self) -> [u8; DESCRIPTOR_SIZE] {
+        let mut b = [0u8; DESCRIPTOR_SIZE];
+        b[0..4].copy_from_slice(&self.generation.to_le_bytes());
+        b[4..8].copy_from_slice(&self.stored_len.to_le_bytes());
+        b[8..12].copy_from_slice(&self.logical_len.to_le_bytes());
+        b[12] = self.codec_id;
+        b[13] = self.level as u8;
+        b[16..24].copy_from_slice(&self.checksum.to_le_bytes());
+        let crc = crc32c::crc32c(&b[..28]);
+        b[28..32].copy_from_slice(&crc.to_le_bytes());
+        b
+    }
+
+    pub fn decode(b: &[u8], record_size: u64) -> SlotState {
+        debug_assert_eq!(b.len(), DESCRIPTOR_SIZE);
+        if b.iter().all(|&x| x == 0) {
+            return SlotState::Empty;
+        }
+        if crc32c::crc32c(&b[..28]) != le_u32(b, 28) {
+            return SlotState::Damaged;
+        }
+        let d = Descriptor {
+            generation: le_u32(b, 0),
+            stored_len: le_u32(b, 4),
+            logical_len: le_u32(b, 8),
+            codec_id: b[12],
+            level: b[13] as i8,
+            checksum: le_u64(b, 16),
+        };
+        let sane = d.generation != 0
+            && d.logical_len >= 1
+            && d.logical_len as u64 <= record_size
+            && d.stored_len as u64 <= record_size
+            && Codec::from_id(d.codec_id).is_ok()
+            && (d.codec_id != Codec::Off as u8 || d.stored_len == 0 || d.stored_len == d.logical_len);
+        if sane { SlotState::Valid(d) } else { SlotState::Damaged }
+    }
+
+    /// An all-zero record: nothing stored, reads as `logical_len` zeros.
+    pub fn is_hole(&self) -> bool {
+        self.stored_len == 0
+    }
+
+    pub fn codec(&self) -> Codec {
+        Codec::from_id(self.codec_id).expect("BUG: descriptor codec checked at decode")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn header() -> Header {
+        Header {
+            layout: Layout::new(128 * 1024).unwrap(),
+            checksum: ChecksumKind::Crc32c,
+            codec: Codec::Zstd,
+            level: -3,
+            size: 123_456_789,
+            sequence: 7,
+        }
+    }
+
+    fn block_with(copies: &[(usize, [u8; HEADER_COPY_SIZE])]) -> Vec<u8> {
+        let mut block = vec![0u8; 4096];
+        for (at, bytes) in copies {
+            block[*at..*at + HEADER_COPY_SIZE].copy_from_slice(bytes);
+        }
+        block
+    }
+
+    #[test]
+    fn header_round_trips_and_newest_copy_wins() {
+        let old = header();
+        let new = Header { size: 5, sequence: 8, ..old };
+        let block = block_with(&[(0, new.encode()), (HEADER_COPY_STRIDE, old.encode())]);
+        assert_eq!(Header::decode(&block), Ok(Some(new)));
+        let block = block_with(&[(0, old.encode()), (HEADER_COPY_STRIDE, new.encode())]);
+        assert_eq!(Header::decode(&block), Ok(Some(new)));
+    }
+
+    #[test]
+    fn a_torn_copy_falls_back_to_the_other() {
+        let old = header();
+        let mut torn = Header { size: 99, sequence: 8, ..old }.encode();
+        torn[20] ^= 1;
+        let block = block_with(&[(0, torn), (HEADER_COPY_STRIDE, old.encode())]);
+        assert_eq!(Header::decode(&block), Ok(Some(old)));
+        let block = block_with(&[(0, torn)]);
+        assert_eq!(Header::decode(&block), Err(FormatError::BadHeader));
+    }
+
+    #[test]
+    fn plain_data_is_not_a_container_and_future_versions_are_refused() {
+        assert_eq!(Header::decode(&vec![b'A'; 4096]), Ok(None));
+        assert_eq!(Header::decode(&[]), Ok(None));
+        let mut future = header().encode();
+        future[8] = 2;
+        let crc = crc32c::crc32c(&future[..60]);
+        future[60..64].copy_from_slice(&crc.to_le_bytes());
+        assert_eq!(Header::decode(&block_with(&[(0, future)])), Err(FormatError::FutureVersion(2)));
+    }
+
+    #[test]
+    fn descriptors_round_trip_and_detect_damage() {
+        let d = Descriptor { generation: 3, stored_len: 1000, logical_len: 4096, codec_id: 2, level: 6, checksum: 0xdead_beef };
+        let b = d.encode();
+        assert_eq!(Descriptor::decode(&b, 4096), SlotState::Valid(d));
+        assert_eq!(Descriptor::decode(&[0u8; 32], 4096), SlotState::Empty);
+        for i in 0..32 {
+            let mut bad = b;
+            bad[i] ^= 0x10;
+            assert_eq!(Descriptor::decode(&bad, 4096), SlotState::Damaged, "byte {i}");
+        }
+        // Lengths beyond the record size are damage even with a good crc.
+        assert_eq!(Descriptor::decode(&d.encode(), 2048), SlotState::Damaged);
+        let unknown = Descriptor { codec_id: 77, ..d }.encode();
+        assert_eq!(Descriptor::decode(&unknown, 4096), SlotState::Damaged);
+    }
+
+    #[test]
+    fn checksums_differ_by_kind() {
+        let data = b"densefs";
+        assert_eq!(ChecksumKind::Crc32c.compute(data), crc32c::crc32c(data) as u64);
+        assert_ne!(ChecksumKind::Xxh3.compute(data), ChecksumKind::Crc32c.compute(data));
+    }
+}

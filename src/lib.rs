@@ -1,0 +1,18 @@
+//! densefs: a transparent, compressing overlay file system.
+//!
+//! Layers, bottom up (see docs/ARCHITECTURE.md):
+//! - [`codec`]: pure compress/decompress functions, one table row per codec;
+//! - [`engine`]: the compression service engine — policy and backends (a CPU pool for now);
+//! - [`format`]: the container format (header, slot descriptors) and its offset arithmetic;
+//! - [`core`]: the file system, independent of FUSE;
+//! - [`fuse`]: the thin FUSE adapter;
+//! - [`mount`]: the mount/umount commands (the CLI lives in main.rs).
+
+pub mod checksum;
+pub mod codec;
+pub mod core;
+pub mod engine;
+pub mod format;
+pub mod fuse;
+pub mod logging;
+pub mod mount;

@@ -1,0 +1,365 @@
+//! `densefs mount` / `densefs umount`: option parsing, daemonizing, serving, unmounting.
+
+use crate::checksum::ChecksumKind;
+use crate::codec::Compression;
+use crate::core::{DenseFs, Options};
+use crate::engine::{Engine, MinSavings};
+use crate::format::Layout;
+use crate::fuse::FuseAdapter;
+use fuser::{MountOption, SessionACL};
+use std::ffi::CString;
+use std::fs::File;
+use std::io::{Read, Write};
+use std::os::fd::{AsRawFd, FromRawFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// Everything `densefs mount` was asked for.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MountConfig {
+    pub options: Options,
+    pub fuse_options: Vec<MountOption>,
+    pub allow_other: bool,
+    pub threads: usize,
+}
+
+fn parse_size(text: &str) -> Option<u64> {
+    let (digits, unit) = match text.char_indices().find(|(_, c)| !c.is_ascii_digit()) {
+        Some((i, _)) => text.split_at(i),
+        None => (text, ""),
+    };
+    let n: u64 = digits.parse().ok()?;
+    let mult = match unit {
+        "" => 1,
+        "k" | "K" | "KiB" => 1 << 10,
+        "m" | "M" | "MiB" => 1 << 20,
+        _ => return None,
+    };
+    n.checked_mul(mult)
+}
+
+/// Parses a comma-separated `-o` list (all `-o` arguments joined).
+pub fn parse_mount_options(list: &str) -> Result<MountConfig, String> {
+    let mut options = Options::default();
+    let mut fuse_options = Vec::new();
+    let mut allow_other = unsafe { libc::geteuid() } == 0;
+    let mut threads = std::thread::available_parallelism().map_or(4, |n| n.get()).clamp(4, 16);
+    for item in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        let (key, value) = match item.split_once('=') {
+            Some((k, v)) => (k, Some(v)),
+            None => (item, None),
+        };
+        let need = |v: Option<&str>| -> Result<String, String> {
+            v.map(str::to_string).ok_or_else(|| format!("mount option '{key}' needs a value ({key}=...)"))
+        };
+        match key {
+            "compression" | "compress" => options.compression = Compression::parse(&need(value)?)?,
+            "recordsize" => {
+                let v = need(value)?;
+                options.layout = parse_size(&v).and_then(Layout::new).ok_or_else(|| {
+                    format!("invalid recordsize '{v}' (a power of two from 4K to 1M, e.g. 128K)")
+                })?;
+            }
+            "checksum" => options.checksum = ChecksumKind::parse(&need(value)?)?,
+            "min_savings" => options.min_savings = MinSavings::parse(&need(value)?)?,
+            "threads" => {
+                let v = need(value)?;
+                threads = v.parse().ok().filter(|n| (1..=256).contains(n)).ok_or_else(|| format!("invalid threads '{v}' (1..256)"))?;
+            }
+            "allow_other" => allow_other = true,
+            "allow_root" => allow_other = true,
+            "ro" => fuse_options.push(MountOption::RO),
+            "rw" => fuse_options.push(MountOption::RW),
+            "suid" => fuse_options.push(MountOption::Suid),
+            "nosuid" => fuse_options.push(MountOption::NoSuid),
+            "dev" => fuse_options.push(MountOption::Dev),
+            "nodev" => fuse_options.push(MountOption::NoDev),
+            "exec" => fuse_options.push(MountOption::Exec),
+            "noexec" => fuse_options.push(MountOption::NoExec),
+            "atime" => fuse_options.push(MountOption::Atime),
+            "noatime" => fuse_options.push(MountOption::NoAtime),
+            "sync" => fuse_options.push(MountOption::Sync),
+            "async" => fuse_options.push(MountOption::Async),
+            "dirsync" => fuse_options.push(MountOption::DirSync),
+            // Accepted for fstab lines; they mean nothing to a FUSE mount.
+            "defaults" | "auto" | "noauto" | "nofail" | "_netdev" | "user" | "users" | "default_permissions" => {}
+            _ => return Err(format!("unknown mount option '{item}' (see densefs mount --help)")),
+        }
+    }
+    Ok(MountConfig { options, fuse_options, allow_other, threads })
+}
+
+fn cpath(p: &Path) -> CString {
+    CString::new(p.as_os_str().as_bytes()).expect("paths from the command line have no NUL")
+}
+
+/// Takes the per-lower-directory lock that keeps two daemons off one lower tree.
+fn lock_lower(lower: &Path, wait: bool) -> std::io::Result<File> {
+    let dir = File::open(lower)?;
+    let how = if wait { libc::LOCK_EX } else { libc::LOCK_EX | libc::LOCK_NB };
+    if unsafe { libc::flock(dir.as_raw_fd(), how) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(dir)
+}
+
+/// A mount point left behind by a killed daemon answers ENOTCONN: detach it.
+fn clear_dead_mount(mountpoint: &Path) {
+    if let Err(e) = std::fs::metadata(mountpoint) {
+        if e.raw_os_error() == Some(libc::ENOTCONN) {
+            let _ = detach(mountpoint);
+        }
+    }
+}
+
+fn detach(mountpoint: &Path) -> Result<(), String> {
+    if unsafe { libc::geteuid() } == 0 && unsafe { libc::umount2(cpath(mountpoint).as_ptr(), libc::MNT_DETACH) } == 0 {
+        return Ok(());
+    }
+    run_fusermount(&["-u", "-z"], mountpoint)
+}
+
+fn run_fusermount(args: &[&str], mountpoint: &Path) -> Result<(), String> {
+    let out = std::process::Command::new("fusermount3")
+        .args(args)
+        .arg(mountpoint)
+        .output()
+        .map_err(|e| format!("cannot run fusermount3 (install the fuse3 package): {e}"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).trim().to_string())
+    }
+}
+
+pub fn mount(lower: &Path, mountpoint: &Path, config: MountConfig, foreground: bool, log: Option<PathBuf>) -> Result<(), String> {
+    let lower = std::fs::canonicalize(lower).map_err(|e| format!("lower directory {}: {e}", lower.display()))?;
+    if !lower.is_dir() {
+        return Err(format!("lower path {} is not a directory", lower.display()));
+    }
+    clear_dead_mount(mountpoint);
+    let mountpoint = std::fs::canonicalize(mountpoint).map_err(|e| format!("mount point {}: {e}", mountpoint.display()))?;
+    if !mountpoint.is_dir() {
+        return Err(format!("mount point {} is not a directory", mountpoint.display()));
+    }
+    if lower.starts_with(&mountpoint) || mountpoint.starts_with(&lower) && mountpoint != lower {
+        // Mounting over the lower directory itself works (the daemon holds it open first);
+        // one inside the other would recurse.
+        return Err("the lower directory and the mount point must not contain each other".into());
+    }
+    let lock = lock_lower(&lower, false)
+        .map_err(|_| format!("{} is already served by another densefs daemon", lower.display()))?;
+    if foreground {
+        return serve(&lower, &mountpoint, &config, lock, None, log);
+    }
+    let mut fds = [0; 2];
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(format!("pipe: {}", std::io::Error::last_os_error()));
+    }
+    let (mut ready_rx, ready_tx) = unsafe { (File::from_raw_fd(fds[0]), File::from_raw_fd(fds[1])) };
+    match unsafe { libc::fork() } {
+        -1 => Err(format!("fork: {}", std::io::Error::last_os_error())),
+        0 => {
+            drop(ready_rx);
+            unsafe { libc::setsid() };
+            let code = match serve(&lower, &mountpoint, &config, lock, Some(ready_tx), log) {
+                Ok(()) => 0,
+                Err(_) => 1,
+            };
+            std::process::exit(code);
+        }
+        _child => {
+            drop(ready_tx);
+            drop(lock);
+            let mut answer = String::new();
+            let _ = ready_rx.read_to_string(&mut answer);
+            match answer.strip_prefix("ok") {
+                Some(_) => Ok(()),
+                None if answer.is_empty() => Err("the densefs daemon exited before mounting".into()),
+                None => Err(answer),
+            }
+        }
+    }
+}
+
+fn block_termination_signals() -> libc::sigset_t {
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        for sig in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP] {
+            libc::sigaddset(&mut set, sig);
+        }
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+        set
+    }
+}
+
+fn serve(
+    lower: &Path,
+    mountpoint: &Path,
+    config: &MountConfig,
+    _lock: File,
+    mut ready: Option<File>,
+    log: Option<PathBuf>,
+) -> Result<(), String> {
+    let fail = |ready: &mut Option<File>, msg: String| {
+        match ready.as_mut() {
+            Some(pipe) => {
+                let _ = pipe.write_all(msg.as_bytes());
+            }
+            None => eprintln!("densefs: {msg}"),
+        }
+        msg
+    };
+    crate::logging::init(log.as_deref(), ready.is_some());
+    // Signals go to one thread that unmounts; every thread started from here inherits the mask.
+    let signals = block_termination_signals();
+    unsafe { libc::umask(0) };
+    let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let engine = Arc::new(Engine::new(threads));
+    let fs = match DenseFs::new(lower, config.options, engine) {
+        Ok(fs) => Arc::new(fs),
+        Err(e) => return Err(fail(&mut ready, e.to_string())),
+    };
+    let mut fuse_config = fuser::Config::default();
+    fuse_config.mount_options = vec![
+        MountOption::FSName(lower.display().to_string()),
+        MountOption::Subtype("densefs".into()),
+        MountOption::DefaultPermissions,
+    ];
+    fuse_config.mount_options.extend(config.fuse_options.iter().cloned());
+    fuse_config.acl = if config.allow_other { SessionACL::All } else { SessionACL::Owner };
+    fuse_config.n_threads = Some(config.threads);
+    fuse_config.clone_fd = true;
+    let session = match fuser::Session::new(FuseAdapter::new(fs.clone()), mountpoint, &fuse_config) {
+        Ok(s) => s,
+        Err(e) => return Err(fail(&mut ready, format!("cannot mount {}: {e}", mountpoint.display()))),
+    };
+    let target = mountpoint.to_path_buf();
+    std::thread::Builder::new()
+        .name("densefs-signals".into())
+        .spawn(move || {
+            let mut sig = 0;
+            unsafe { libc::sigwait(&signals, &mut sig) };
+            tracing::info!("signal {sig}: unmounting {}", target.display());
+            if let Err(e) = detach(&target) {
+                tracing::error!("unmount failed: {e}");
+            }
+        })
+        .map_err(|e| e.to_string())?;
+    tracing::info!(
+        "mounted {} on {} (compression={}, recordsize={}K)",
+        lower.display(),
+        mountpoint.display(),
+        config.options.compression,
+        config.options.layout.record_size() / 1024
+    );
+    if let Some(mut pipe) = ready.take() {
+        let _ = pipe.write_all(b"ok");
+        drop(pipe);
+        quiet_stdio();
+    }
+    let result = session.run();
+    fs.flush_all();
+    let root = File::open(lower).map_err(|e| e.to_string())?;
+    unsafe { libc::syncfs(root.as_raw_fd()) };
+    tracing::info!("unmounted {}", mountpoint.display());
+    result.map_err(|e| e.to_string())
+}
+
+fn quiet_stdio() {
+    if let Ok(null) = File::options().read(true).write(true).open("/dev/null") {
+        for fd in 0..3 {
+            unsafe { libc::dup2(null.as_raw_fd(), fd) };
+        }
+    }
+}
+
+/// The lower directory a densefs mount point serves (its mount source).
+pub fn mount_source(mountpoint: &Path) -> Option<PathBuf> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    for line in info.lines() {
+        let fields: Vec<&str> = line.split(' ').collect();
+        let Some(sep) = fields.iter().position(|f| *f == "-") else { continue };
+        let point = unescape(fields.get(4)?);
+        let fstype = fields.get(sep + 1)?;
+        let source = PathBuf::from(unescape(fields.get(sep + 2)?));
+        // As root the kernel records plain "fuse" (the subtype needs fusermount); the source is
+        // then the lower directory.
+        let ours = *fstype == "fuse.densefs" || (*fstype == "fuse" && source.is_dir());
+        if Path::new(&point) == mountpoint && ours {
+            return Some(source);
+        }
+    }
+    None
+}
+
+fn unescape(field: &str) -> String {
+    let mut out = String::new();
+    let mut chars = field.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c == '\\' {
+            let code: String = chars.by_ref().take(3).collect();
+            if let Ok(n) = u8::from_str_radix(&code, 8) {
+                out.push(n as char);
+                continue;
+            }
+            out.push(c);
+            out.push_str(&code);
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// Unmounts, then waits for the daemon to finish writing back and makes the lower durable.
+pub fn umount(mountpoint: &Path) -> Result<(), String> {
+    let mountpoint = std::fs::canonicalize(mountpoint).unwrap_or_else(|_| mountpoint.to_path_buf());
+    let source = mount_source(&mountpoint).ok_or_else(|| format!("{} is not a densefs mount", mountpoint.display()))?;
+    run_fusermount(&["-u"], &mountpoint).or_else(|e| {
+        if unsafe { libc::geteuid() } == 0 && unsafe { libc::umount(cpath(&mountpoint).as_ptr()) } == 0 {
+            Ok(())
+        } else {
+            Err(format!("cannot unmount {}: {e}", mountpoint.display()))
+        }
+    })?;
+    // The daemon holds the lower directory's lock until it has written everything back.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while std::time::Instant::now() < deadline {
+        if lock_lower(&source, false).is_ok() {
+            return Ok(());
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    Err(format!("the daemon for {} did not exit within 60 s", source.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn options_parse_and_bad_ones_are_explained() {
+        let c = parse_mount_options("compression=zstd-3,recordsize=64K,checksum=xxh3,min_savings=20%,ro").unwrap();
+        assert_eq!(c.options.compression.to_string(), "zstd-3");
+        assert_eq!(c.options.layout.record_size(), 65536);
+        assert_eq!(c.options.checksum, ChecksumKind::Xxh3);
+        assert_eq!(c.options.min_savings, MinSavings(200));
+        assert!(c.fuse_options.contains(&MountOption::RO));
+        assert_eq!(parse_mount_options("").unwrap().options, Options::default());
+        for bad in ["compression=lz5", "recordsize=3K", "recordsize=2M", "recordsize", "bogus", "threads=0"] {
+            let err = parse_mount_options(bad).unwrap_err();
+            assert!(!err.is_empty(), "{bad}");
+        }
+        assert_eq!(parse_size("1M"), Some(1 << 20));
+        assert_eq!(parse_size("4096"), Some(4096));
+        assert_eq!(parse_size("12Q"), None);
+    }
+
+    #[test]
+    fn mountinfo_escapes_are_decoded() {
+        assert_eq!(unescape(r"/mnt/with\040space"), "/mnt/with space");
+    }
+}
