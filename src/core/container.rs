@@ -376,7 +376,9 @@ impl Container {
         let mut at = 0;
         for (piece, buf) in pieces.iter().zip(contents) {
             let have = buf.len().saturating_sub(piece.skip).min(piece.len);
-            out[at..at + have].copy_from_slice(&buf[piece.skip..piece.skip + have]);
+            if have > 0 {
+                out[at..at + have].copy_from_slice(&buf[piece.skip..piece.skip + have]);
+            }
             at += piece.len;
         }
         Ok(out)

@@ -1,0 +1,326 @@
+//! Integration tests on real FUSE mounts: what a user of a local file system expects.
+
+mod common;
+
+use common::{compressible, random_bytes, Dirs, Mount, BIN};
+use std::fs::{self, File, OpenOptions};
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
+use std::os::fd::AsRawFd;
+use std::process::Command;
+
+fn lower_blocks(path: &std::path::Path) -> u64 {
+    fs::metadata(path).unwrap().blocks()
+}
+
+#[test]
+fn copy_in_compresses_reads_back_and_reports_physical_blocks() {
+    let d = Dirs::new();
+    let m = Mount::new(&d.lower, &d.mnt, "compression=gzip-6,recordsize=128K");
+    let data = compressible(8 << 20, 1);
+    fs::write(m.path("reads.fastq"), &data).unwrap();
+    assert_eq!(fs::read(m.path("reads.fastq")).unwrap(), data);
+    let meta = fs::metadata(m.path("reads.fastq")).unwrap();
+    assert_eq!(meta.len(), data.len() as u64);
+    let physical = lower_blocks(&d.lower.join("reads.fastq")) * 512;
+    assert!(physical * 2 < data.len() as u64, "compressed to {physical} bytes only");
+    assert_eq!(meta.blocks(), lower_blocks(&d.lower.join("reads.fastq")), "du must show the lower's blocks");
+    // The lower file is a container, not the plain bytes.
+    let raw = fs::read(d.lower.join("reads.fastq")).unwrap();
+    assert_eq!(&raw[..8], b"DENSEFS\0");
+    m.unmount();
+}
+
+#[test]
+fn plain_files_already_in_the_lower_directory_are_served_and_stay_plain() {
+    let d = Dirs::new();
+    let before = random_bytes(300_000, 9);
+    fs::write(d.lower.join("old.bin"), &before).unwrap();
+    fs::create_dir(d.lower.join("olddir")).unwrap();
+    fs::write(d.lower.join("olddir/notes.txt"), b"kept as is\n").unwrap();
+    let m = Mount::new(&d.lower, &d.mnt, "");
+    assert_eq!(fs::read(m.path("old.bin")).unwrap(), before);
+    assert_eq!(fs::read(m.path("olddir/notes.txt")).unwrap(), b"kept as is\n");
+    let mut f = OpenOptions::new().append(true).open(m.path("olddir/notes.txt")).unwrap();
+    f.write_all(b"appended\n").unwrap();
+    drop(f);
+    assert_eq!(fs::read(d.lower.join("olddir/notes.txt")).unwrap(), b"kept as is\nappended\n");
+    m.unmount();
+    assert_eq!(fs::read(d.lower.join("old.bin")).unwrap(), before);
+}
+
+#[test]
+fn files_keep_their_settings_across_remounts_with_other_options() {
+    let d = Dirs::new();
+    let a = compressible(1 << 20, 2);
+    let m = Mount::new(&d.lower, &d.mnt, "compression=gzip-9,recordsize=4K,checksum=xxh3");
+    fs::write(m.path("a"), &a).unwrap();
+    m.unmount();
+    let header = fs::read(d.lower.join("a")).unwrap();
+    assert_eq!(header[10], 12, "record shift of 4K");
+    assert_eq!(header[12], 2, "deflate codec");
+    let m = Mount::new(&d.lower, &d.mnt, "compression=off,recordsize=1M");
+    assert_eq!(fs::read(m.path("a")).unwrap(), a);
+    // Rewriting part of the old file keeps its own settings.
+    File::options().write(true).open(m.path("a")).unwrap().write_all_at(b"XYZ", 5000).unwrap();
+    fs::write(m.path("b"), &a).unwrap();
+    m.unmount();
+    let raw_a = fs::read(d.lower.join("a")).unwrap();
+    let raw_b = fs::read(d.lower.join("b")).unwrap();
+    assert_eq!((raw_a[10], raw_a[12]), (12, 2));
+    assert_eq!((raw_b[10], raw_b[12]), (20, 0));
+    let m = Mount::new(&d.lower, &d.mnt, "");
+    let mut expect = a.clone();
+    expect[5000..5003].copy_from_slice(b"XYZ");
+    assert_eq!(fs::read(m.path("a")).unwrap(), expect);
+    assert_eq!(fs::read(m.path("b")).unwrap(), a);
+    m.unmount();
+}
+
+#[test]
+fn sparse_files_use_no_space_and_report_holes() {
+    let d = Dirs::new();
+    let m = Mount::new(&d.lower, &d.mnt, "recordsize=64K");
+    let f = OpenOptions::new().read(true).write(true).create(true).truncate(true).open(m.path("sparse")).unwrap();
+    f.set_len(1 << 30).unwrap();
+    f.write_all_at(b"data in the middle", 512 << 20).unwrap();
+    f.sync_all().unwrap();
+    let meta = fs::metadata(m.path("sparse")).unwrap();
+    assert_eq!(meta.len(), 1 << 30);
+    assert!(meta.blocks() * 512 < 1 << 20, "a 1 GiB sparse file uses {} blocks", meta.blocks());
+    let fd = f.as_raw_fd();
+    let data = unsafe { libc::lseek(fd, 0, libc::SEEK_DATA) };
+    assert_eq!(data, 512 << 20);
+    let hole = unsafe { libc::lseek(fd, data, libc::SEEK_HOLE) };
+    assert_eq!(hole, (512 << 20) + (64 << 10));
+    let mut buf = vec![1u8; 4096];
+    f.read_exact_at(&mut buf, 4096).unwrap();
+    assert!(buf.iter().all(|&b| b == 0));
+    // Zeros written explicitly also become holes.
+    f.write_all_at(&vec![0u8; 256 << 10], 0).unwrap();
+    f.sync_all().unwrap();
+    assert!(fs::metadata(m.path("sparse")).unwrap().blocks() * 512 < 1 << 20);
+    drop(f);
+    m.unmount();
+}
+
+#[test]
+fn truncate_append_fallocate_and_mmap_behave_like_a_local_file() {
+    let d = Dirs::new();
+    let m = Mount::new(&d.lower, &d.mnt, "recordsize=4K,compression=zstd-1");
+    let p = m.path("f");
+    let mut expect = compressible(50_000, 3);
+    fs::write(&p, &expect).unwrap();
+    let f = OpenOptions::new().read(true).write(true).open(&p).unwrap();
+    f.set_len(10_001).unwrap();
+    expect.truncate(10_001);
+    f.set_len(20_000).unwrap();
+    expect.resize(20_000, 0);
+    assert_eq!(fs::read(&p).unwrap(), expect);
+    let mut app = OpenOptions::new().append(true).open(&p).unwrap();
+    app.write_all(b"tail").unwrap();
+    expect.extend_from_slice(b"tail");
+    let r = unsafe { libc::fallocate(f.as_raw_fd(), libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE, 100, 9000) };
+    assert_eq!(r, 0);
+    expect[100..9100].fill(0);
+    let r = unsafe { libc::fallocate(f.as_raw_fd(), 0, 0, 30_000) };
+    assert_eq!(r, 0);
+    expect.resize(30_000, 0);
+    assert_eq!(fs::read(&p).unwrap(), expect);
+    {
+        let mut map = unsafe { memmap2::MmapMut::map_mut(&f).unwrap() };
+        map[20_000..20_005].copy_from_slice(b"mmap!");
+        map.flush().unwrap();
+    }
+    expect[20_000..20_005].copy_from_slice(b"mmap!");
+    drop(f);
+    drop(app);
+    assert_eq!(fs::read(&p).unwrap(), expect);
+    m.unmount();
+    let m = Mount::new(&d.lower, &d.mnt, "");
+    assert_eq!(fs::read(m.path("f")).unwrap(), expect);
+    m.unmount();
+}
+
+#[test]
+fn names_links_modes_xattrs_and_special_files_pass_through() {
+    let d = Dirs::new();
+    let m = Mount::new(&d.lower, &d.mnt, "");
+    fs::create_dir_all(m.path("a/b")).unwrap();
+    fs::write(m.path("a/b/file"), b"hello").unwrap();
+    std::os::unix::fs::symlink("b/file", m.path("a/link")).unwrap();
+    assert_eq!(fs::read(m.path("a/link")).unwrap(), b"hello");
+    assert_eq!(fs::read_link(m.path("a/link")).unwrap().to_str(), Some("b/file"));
+    fs::hard_link(m.path("a/b/file"), m.path("a/hard")).unwrap();
+    let (m1, m2) = (fs::metadata(m.path("a/b/file")).unwrap(), fs::metadata(m.path("a/hard")).unwrap());
+    assert_eq!((m1.ino(), m1.nlink()), (m2.ino(), 2));
+    assert_eq!(m1.ino(), fs::metadata(d.lower.join("a/b/file")).unwrap().ino(), "inode numbers follow the lower");
+    fs::set_permissions(m.path("a/b/file"), fs::Permissions::from_mode(0o640)).unwrap();
+    assert_eq!(fs::metadata(d.lower.join("a/b/file")).unwrap().mode() & 0o7777, 0o640);
+    let status = Command::new("setfattr").args(["-n", "user.color", "-v", "blue"]).arg(m.path("a/b/file")).status();
+    if status.map(|s| s.success()).unwrap_or(false) {
+        let out = Command::new("getfattr").args(["--only-values", "-n", "user.color"]).arg(m.path("a/b/file")).output().unwrap();
+        assert_eq!(out.stdout, b"blue");
+    }
+    let fifo = std::ffi::CString::new(m.path("a/fifo").to_str().unwrap()).unwrap();
+    assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
+    assert!(fs::metadata(d.lower.join("a/fifo")).unwrap().file_type().is_fifo_like());
+    // rename with RENAME_NOREPLACE and RENAME_EXCHANGE
+    fs::write(m.path("x"), b"X").unwrap();
+    fs::write(m.path("y"), b"Y").unwrap();
+    let cx = std::ffi::CString::new(m.path("x").to_str().unwrap()).unwrap();
+    let cy = std::ffi::CString::new(m.path("y").to_str().unwrap()).unwrap();
+    let r = unsafe { libc::renameat2(libc::AT_FDCWD, cx.as_ptr(), libc::AT_FDCWD, cy.as_ptr(), libc::RENAME_NOREPLACE) };
+    assert_eq!((r, std::io::Error::last_os_error().raw_os_error()), (-1, Some(libc::EEXIST)));
+    let r = unsafe { libc::renameat2(libc::AT_FDCWD, cx.as_ptr(), libc::AT_FDCWD, cy.as_ptr(), libc::RENAME_EXCHANGE) };
+    assert_eq!(r, 0);
+    assert_eq!(fs::read(m.path("x")).unwrap(), b"Y");
+    assert_eq!(fs::read(m.path("y")).unwrap(), b"X");
+    fs::rename(m.path("x"), m.path("a/b/moved")).unwrap();
+    assert_eq!(fs::read(d.lower.join("a/b/moved")).is_ok(), true);
+    let mut names: Vec<_> = fs::read_dir(m.path("a")).unwrap().map(|e| e.unwrap().file_name()).collect();
+    names.sort();
+    assert_eq!(names, ["b", "fifo", "hard", "link"]);
+    fs::remove_file(m.path("a/hard")).unwrap();
+    fs::remove_dir(m.path("a/b")).unwrap_err();
+    m.unmount();
+}
+
+trait FifoLike {
+    fn is_fifo_like(&self) -> bool;
+}
+impl FifoLike for fs::FileType {
+    fn is_fifo_like(&self) -> bool {
+        std::os::unix::fs::FileTypeExt::is_fifo(self)
+    }
+}
+
+#[test]
+fn permissions_are_enforced_for_other_users() {
+    let d = Dirs::new();
+    // The test tree must be reachable by "nobody" for the check to mean anything.
+    fs::set_permissions(d.root.path(), fs::Permissions::from_mode(0o755)).unwrap();
+    let m = Mount::new(&d.lower, &d.mnt, "");
+    fs::write(m.path("secret"), b"root only").unwrap();
+    fs::set_permissions(m.path("secret"), fs::Permissions::from_mode(0o600)).unwrap();
+    fs::write(m.path("public"), b"everyone").unwrap();
+    fs::set_permissions(m.path("public"), fs::Permissions::from_mode(0o644)).unwrap();
+    let as_nobody = |file: &str| {
+        Command::new("runuser").args(["-u", "nobody", "--", "cat"]).arg(m.path(file)).output().expect("runuser")
+    };
+    let denied = as_nobody("secret");
+    assert!(!denied.status.success());
+    assert!(String::from_utf8_lossy(&denied.stderr).contains("Permission denied"));
+    assert_eq!(as_nobody("public").stdout, b"everyone");
+    // Files created by a user belong to that user.
+    fs::set_permissions(&d.mnt, fs::Permissions::from_mode(0o777)).unwrap();
+    let made = Command::new("runuser").args(["-u", "nobody", "--", "touch"]).arg(m.path("mine")).status().unwrap();
+    assert!(made.success());
+    let nobody_uid = fs::metadata(m.path("mine")).unwrap().uid();
+    assert_ne!(nobody_uid, 0);
+    m.unmount();
+}
+
+#[test]
+fn a_corrupt_record_gives_eio_for_that_record_only_and_is_logged() {
+    let d = Dirs::new();
+    let m = Mount::new(&d.lower, &d.mnt, "recordsize=4K,compression=lz4");
+    let data = compressible(64 << 10, 5);
+    fs::write(m.path("victim"), &data).unwrap();
+    m.unmount();
+    // Record 3 sits in slot 0 of group 0: header block, table block, then 2 slots per record.
+    let slot_off = 4096 + 4096 + 3 * 2 * 4096 + 10;
+    let lower_file = OpenOptions::new().read(true).write(true).open(d.lower.join("victim")).unwrap();
+    let mut b = [0u8; 1];
+    lower_file.read_exact_at(&mut b, slot_off).unwrap();
+    lower_file.write_all_at(&[b[0] ^ 0x40], slot_off).unwrap();
+    drop(lower_file);
+    let m = Mount::new(&d.lower, &d.mnt, "");
+    let f = File::open(m.path("victim")).unwrap();
+    let mut buf = vec![0u8; 4096];
+    f.read_exact_at(&mut buf, 0).unwrap();
+    assert_eq!(buf, data[..4096]);
+    let err = f.read_exact_at(&mut buf, 3 * 4096).unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::EIO));
+    f.read_exact_at(&mut buf, 4 * 4096).unwrap();
+    assert_eq!(buf, data[4 * 4096..5 * 4096]);
+    let log = m.log_text();
+    assert!(log.contains("victim") && log.contains("record") && log.contains('3'), "log: {log}");
+    drop(f);
+    m.unmount();
+}
+
+#[test]
+fn a_header_from_a_future_version_is_refused_clearly() {
+    let d = Dirs::new();
+    let m = Mount::new(&d.lower, &d.mnt, "");
+    fs::write(m.path("f"), b"some bytes").unwrap();
+    m.unmount();
+    let mut raw = fs::read(d.lower.join("f")).unwrap();
+    for at in [0usize, 2048] {
+        if &raw[at..at + 8] == b"DENSEFS\0" {
+            raw[at + 8] = 9;
+            let crc = crc32c_sw(&raw[at..at + 60]);
+            raw[at + 60..at + 64].copy_from_slice(&crc.to_le_bytes());
+        }
+    }
+    fs::write(d.lower.join("f"), &raw).unwrap();
+    let m = Mount::new(&d.lower, &d.mnt, "");
+    let err = File::open(m.path("f")).unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::EIO));
+    assert!(m.log_text().contains("format version 9"), "log: {}", m.log_text());
+    m.unmount();
+}
+
+fn crc32c_sw(data: &[u8]) -> u32 {
+    let mut crc = !0u32;
+    for &b in data {
+        crc ^= b as u32;
+        for _ in 0..8 {
+            crc = if crc & 1 != 0 { (crc >> 1) ^ 0x82F6_3B78 } else { crc >> 1 };
+        }
+    }
+    !crc
+}
+
+#[test]
+fn bad_options_and_paths_are_refused_with_a_clear_message() {
+    let d = Dirs::new();
+    for (args, needle) in [
+        (vec!["-o", "compression=gzip-12"], "unknown compression"),
+        (vec!["-o", "recordsize=3K"], "invalid recordsize"),
+        (vec!["-o", "frobnicate"], "unknown mount option"),
+    ] {
+        let out = Command::new(BIN).arg("mount").args(&args).arg(&d.lower).arg(&d.mnt).output().unwrap();
+        assert!(!out.status.success());
+        assert!(String::from_utf8_lossy(&out.stderr).contains(needle), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    let out = Command::new(BIN).arg("mount").arg(d.root.path().join("missing")).arg(&d.mnt).output().unwrap();
+    assert!(!out.status.success());
+    // A second daemon on the same lower directory is refused.
+    let m = Mount::new(&d.lower, &d.mnt, "");
+    let other = d.root.path().join("other");
+    fs::create_dir(&other).unwrap();
+    let out = Command::new(BIN).arg("mount").arg(&d.lower).arg(&other).output().unwrap();
+    assert!(String::from_utf8_lossy(&out.stderr).contains("already served"));
+    m.unmount();
+}
+
+#[test]
+fn the_daemonized_mount_and_umount_commands_work() {
+    let d = Dirs::new();
+    let out = Command::new(BIN).arg("mount").args(["-o", "compression=zstd"]).arg(&d.lower).arg(&d.mnt).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    fs::write(d.mnt.join("f"), compressible(1 << 20, 4)).unwrap();
+    let out = Command::new(BIN).arg("umount").arg(&d.mnt).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(!fs::read_to_string("/proc/self/mountinfo").unwrap().contains(d.mnt.to_str().unwrap()));
+    let m = Mount::new(&d.lower, &d.mnt, "");
+    assert_eq!(fs::read(m.path("f")).unwrap(), compressible(1 << 20, 4));
+    let mut f = File::open(m.path("f")).unwrap();
+    f.seek(SeekFrom::Start(1000)).unwrap();
+    let mut s = String::new();
+    f.take(5).read_to_string(&mut s).unwrap();
+    assert_eq!(s.as_bytes(), &compressible(1 << 20, 4)[1000..1005]);
+    m.unmount();
+}
