@@ -21,7 +21,7 @@ use crate::codec::Compression;
 use crate::engine::{CompressRequest, DecompressRequest, Encoded, Engine, EngineError, Job, MinSavings, Output, Work};
 use crate::format::layout::{round_up_block, GROUP_RECORDS, HEADER_BLOCK, TABLE_BLOCK};
 use crate::format::{Descriptor, Header, Layout, SlotState, DESCRIPTOR_SIZE};
-use parking_lot::{Condvar, Mutex, RwLock};
+use parking_lot::{Condvar, Mutex, MutexGuard, RwLock, RwLockReadGuard};
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::fs::File;
 use std::sync::Arc;
@@ -420,6 +420,35 @@ impl Container {
         st.put_dirty(record, buf[..buf.len().min(keep)].to_vec());
     }
 
+    /// Locks the file for changing one record. When the change keeps some of the record's bytes
+    /// (`partial`) and the record lies inside the file, its current contents are in `dirty` on
+    /// return — even if another writer handed the record to the engine meanwhile.
+    fn lock_for_edit(&self, record: u64, partial: bool) -> FsResult<(RwLockReadGuard<'_, ()>, MutexGuard<'_, State>)> {
+        loop {
+            let io = self.slot_io.read();
+            let mut st = self.state.lock();
+            let needs_old = partial && self.layout.record_to_plain_off(record) < st.size;
+            if !needs_old || st.dirty.contains_key(&record) {
+                return Ok((io, st));
+            }
+            match self.source(&mut st, record)? {
+                Source::Memory(buf) => {
+                    self.put_trimmed(&mut st, record, &buf);
+                    return Ok((io, st));
+                }
+                Source::Absent => {
+                    st.put_dirty(record, Vec::new());
+                    return Ok((io, st));
+                }
+                Source::Lower { .. } => {
+                    drop(st);
+                    drop(io);
+                    self.load_dirty(record)?;
+                }
+            }
+        }
+    }
+
     fn take_write_error(&self, st: &mut State) -> FsResult<()> {
         match st.write_error.take() {
             Some(e) => Err(e),
@@ -439,7 +468,7 @@ impl Container {
         if data.is_empty() {
             return Ok(0);
         }
-        let end = offset.checked_add(data.len() as u64).ok_or(FsError::errno(libc::EFBIG))?;
+        offset.checked_add(data.len() as u64).ok_or(FsError::errno(libc::EFBIG))?;
         self.take_write_error(&mut self.state.lock())?;
         self.wait_for_room();
         let rs = self.layout.record_size() as usize;
@@ -447,41 +476,30 @@ impl Container {
         if offset > size {
             self.zero_tail_past(size)?;
         }
-        let pieces: Vec<_> = self.layout.split(offset, data.len() as u64).collect();
-        for p in &pieces {
-            let record_start = self.layout.record_to_plain_off(p.record);
-            // Bytes before the piece inside the record matter only if they lie inside the file.
-            if p.is_partial(rs) && record_start < size {
-                self.load_dirty(p.record)?;
-            }
-        }
         let mut ready = Vec::new();
-        {
-            let _io = self.slot_io.read();
-            let mut st = self.state.lock();
-            let mut at = 0;
-            for p in &pieces {
-                let mut buf = st.take_dirty(p.record).unwrap_or_default();
-                if buf.len() < p.skip + p.len {
-                    buf.resize(p.skip + p.len, 0);
-                }
-                buf[p.skip..p.skip + p.len].copy_from_slice(&data[at..at + p.len]);
-                at += p.len;
-                let complete = p.skip + p.len == rs && buf.len() == rs;
-                st.put_dirty(p.record, buf);
-                if complete {
-                    ready.push(p.record);
-                }
+        let mut at = 0;
+        for p in self.layout.split(offset, data.len() as u64) {
+            let (_io, mut st) = self.lock_for_edit(p.record, p.is_partial(rs))?;
+            let mut buf = st.take_dirty(p.record).unwrap_or_default();
+            if buf.len() < p.skip + p.len {
+                buf.resize(p.skip + p.len, 0);
             }
-            st.size = st.size.max(end);
+            buf[p.skip..p.skip + p.len].copy_from_slice(&data[at..at + p.len]);
+            at += p.len;
+            if p.skip + p.len == rs && buf.len() == rs {
+                ready.push(p.record);
+            }
+            st.put_dirty(p.record, buf);
+            st.size = st.size.max(self.layout.record_to_plain_off(p.record) + (p.skip + p.len) as u64);
+        }
+        let jobs = {
+            let mut st = self.state.lock();
             if st.dirty_bytes > DIRTY_LIMIT {
                 ready = st.dirty.keys().copied().collect();
             }
-            let jobs = self.prepare(&mut st, &ready);
-            drop(st);
-            drop(_io);
-            self.engine.submit(jobs);
-        }
+            self.prepare(&mut st, &ready)
+        };
+        self.engine.submit(jobs);
         Ok(data.len())
     }
 
@@ -701,7 +719,7 @@ impl Container {
         } else if new_size < old {
             let boundary = self.layout.plain_off_to_record(new_size);
             if new_size % self.layout.record_size() != 0 {
-                self.load_dirty(boundary)?;
+                drop(self.lock_for_edit(boundary, true)?);
             }
             let _io = self.slot_io.write();
             let mut st = self.state.lock();
@@ -762,15 +780,12 @@ impl Container {
             return Ok(());
         }
         let rs = self.layout.record_size() as usize;
-        for p in self.layout.split(offset, end - offset).collect::<Vec<_>>() {
+        for p in self.layout.split(offset, end - offset) {
             let keep = self.layout.record_len_in_size(p.record, size);
-            if p.is_partial(rs) && !(p.skip == 0 && p.len >= keep) {
-                self.load_dirty(p.record)?;
-            }
-            let _io = self.slot_io.read();
-            let mut st = self.state.lock();
+            let whole = p.skip == 0 && p.len >= keep;
+            let (_io, mut st) = self.lock_for_edit(p.record, p.is_partial(rs) && !whole)?;
             let mut buf = st.take_dirty(p.record).unwrap_or_default();
-            if p.skip == 0 && p.len >= keep {
+            if whole {
                 buf = vec![0u8; keep];
             } else if buf.len() > p.skip {
                 let stop = (p.skip + p.len).min(buf.len());
