@@ -216,6 +216,7 @@ fn serve(
     // Signals go to one thread that unmounts; every thread started from here inherits the mask.
     let signals = block_termination_signals();
     unsafe { libc::umask(0) };
+    raise_fd_limit();
     let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
     let engine = Arc::new(Engine::new(threads));
     let fs = match DenseFs::new(lower, config.options, engine) {
@@ -266,6 +267,21 @@ fn serve(
     unsafe { libc::syncfs(root.as_raw_fd()) };
     tracing::info!("unmounted {}", mountpoint.display());
     result.map_err(|e| e.to_string())
+}
+
+/// The daemon holds one O_PATH descriptor per inode the kernel remembers: allow as many as the
+/// system does (root may raise the hard limit up to fs.nr_open; others get their hard limit).
+fn raise_fd_limit() {
+    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+        return;
+    }
+    let nr_open = std::fs::read_to_string("/proc/sys/fs/nr_open").ok().and_then(|s| s.trim().parse().ok()).unwrap_or(0);
+    let raised = libc::rlimit { rlim_cur: nr_open.max(lim.rlim_max), rlim_max: nr_open.max(lim.rlim_max) };
+    if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } != 0 {
+        lim.rlim_cur = lim.rlim_max;
+        unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) };
+    }
 }
 
 fn quiet_stdio() {

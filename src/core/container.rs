@@ -19,7 +19,7 @@ use super::lower;
 use crate::checksum::ChecksumKind;
 use crate::codec::Compression;
 use crate::engine::{CompressRequest, DecompressRequest, Encoded, Engine, EngineError, Job, MinSavings, Output, Work};
-use crate::format::layout::{round_up_block, GROUP_RECORDS, HEADER_BLOCK, TABLE_BLOCK};
+use crate::format::layout::{round_up_block, GROUP_RECORDS, HEADER_BLOCK, TABLE_SIZE};
 use crate::format::{Descriptor, Header, Layout, SlotState, DESCRIPTOR_SIZE};
 use parking_lot::{Condvar, Mutex, MutexGuard, RwLock, RwLockReadGuard};
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
@@ -224,7 +224,7 @@ impl Container {
     fn pair(&self, st: &mut State, record: u64) -> FsResult<Pair> {
         let group = self.layout.record_to_group(record);
         if !st.tables.contains_key(&group) {
-            let mut block = vec![0u8; TABLE_BLOCK as usize];
+            let mut block = vec![0u8; TABLE_SIZE as usize];
             lower::pread_full(&self.lower, &mut block, self.layout.group_to_table_off(group))?;
             let rs = self.layout.record_size();
             let table: Box<[Pair]> = block

@@ -3,7 +3,7 @@
 
 use super::container::Container;
 use super::error::check;
-use super::inodes::{Content, Inode};
+use super::inodes::{Content, Node};
 use super::lower::{self, cstr};
 use super::{Attr, Caller, DenseFs, FsError, FsResult, Handle};
 use std::ffi::OsStr;
@@ -55,7 +55,7 @@ fn timespec(t: Option<SetTime>) -> libc::timespec {
 impl DenseFs {
     /// Builds the shared content of a regular file: a container, or the plain lower file.
     /// An empty lower file opened for writing becomes a container (it has nothing to preserve).
-    fn load_content(&self, inode: &Inode, writable: bool) -> FsResult<Content> {
+    fn load_content(&self, inode: &Node, writable: bool) -> FsResult<Content> {
         let file = match lower::reopen(inode.raw_fd(), libc::O_RDWR) {
             Ok(f) => f,
             Err(e) if matches!(e.raw_os_error(), Some(libc::EACCES | libc::EROFS | libc::EPERM | libc::ETXTBSY)) => {
@@ -80,7 +80,7 @@ impl DenseFs {
         }
     }
 
-    fn open_inode(&self, inode: &Arc<Inode>, writable: bool) -> FsResult<u64> {
+    fn open_inode(&self, inode: &Node, writable: bool) -> FsResult<u64> {
         let mut open = inode.open.lock();
         let content = match &open.content {
             Some(c) => c.clone(),
@@ -91,7 +91,7 @@ impl DenseFs {
             }
         };
         open.handles += 1;
-        Ok(self.new_handle(Handle::File { inode: inode.clone(), content }))
+        Ok(self.new_handle(Handle::File { inode: inode.inode.clone(), content }))
     }
 
     pub fn open(&self, nodeid: u64, flags: i32) -> FsResult<u64> {
@@ -185,13 +185,13 @@ impl DenseFs {
         if let Some(Content::Container(c)) = open.content.take() {
             let result = if c.has_stale() { c.sync(true) } else { c.flush() };
             if let Err(e) = result {
-                tracing::error!(file = %self.label(inode), "writing back at close failed: {e}");
+                tracing::error!(inode = inode.nodeid, "writing back at close failed: {e}");
             }
         }
     }
 
     /// Runs `f` on the file's content, opening it just for the call if no handle has it open.
-    fn with_content<T>(&self, inode: &Arc<Inode>, f: impl FnOnce(&Content) -> FsResult<T>) -> FsResult<T> {
+    fn with_content<T>(&self, inode: &Node, f: impl FnOnce(&Content) -> FsResult<T>) -> FsResult<T> {
         let open = inode.open.lock();
         if let Some(c) = open.content.clone() {
             drop(open);

@@ -19,7 +19,7 @@ use crate::engine::{Engine, MinSavings};
 use crate::format::Layout;
 use container::{Container, CreateSettings};
 pub use error::{FsError, FsResult};
-use inodes::{Content, Inode, InodeTable};
+use inodes::{Content, Inode, InodeTable, Node};
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::path::Path;
@@ -138,6 +138,16 @@ fn time(sec: i64, nsec: i64) -> SystemTime {
     }
 }
 
+/// Descriptors the inode table may keep open: half the process limit, leaving the rest for
+/// open files and the lower files of open containers.
+fn fd_budget() -> usize {
+    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+        return 512;
+    }
+    (lim.rlim_cur / 2).min(1 << 20) as usize
+}
+
 impl DenseFs {
     pub fn new(lower_root: &Path, options: Options, engine: Arc<Engine>) -> FsResult<DenseFs> {
         let fd = lower::open_root(lower_root).map_err(|e| FsError::new(e.raw_os_error().unwrap_or(libc::EIO), format!("cannot open {}: {e}", lower_root.display())))?;
@@ -148,7 +158,7 @@ impl DenseFs {
         Ok(DenseFs {
             options,
             engine,
-            inodes: InodeTable::new(fd, st.st_dev, st.st_ino),
+            inodes: InodeTable::new(fd, st.st_dev, st.st_ino, fd_budget()),
             handles: Mutex::new(HashMap::new()),
             next_handle: AtomicU64::new(1),
             is_root: unsafe { libc::geteuid() } == 0,
@@ -159,8 +169,8 @@ impl DenseFs {
         &self.options
     }
 
-    fn inode(&self, nodeid: u64) -> FsResult<Arc<Inode>> {
-        self.inodes.get(nodeid).ok_or_else(|| FsError::new(libc::ESTALE, format!("unknown inode {nodeid}")))
+    fn inode(&self, nodeid: u64) -> FsResult<Node> {
+        self.inodes.node(nodeid).map_err(|e| FsError::new(e.raw_os_error().unwrap_or(libc::EIO), format!("inode {nodeid}")))
     }
 
     fn new_handle(&self, handle: Handle) -> u64 {
@@ -177,14 +187,14 @@ impl DenseFs {
         CreateSettings { compression: self.options.compression, layout: self.options.layout, checksum: self.options.checksum }
     }
 
-    fn label(&self, inode: &Inode) -> String {
+    fn label(&self, inode: &Node) -> String {
         std::fs::read_link(format!("/proc/self/fd/{}", inode.raw_fd()))
             .map(|p| p.display().to_string())
             .unwrap_or_else(|_| format!("inode {}", inode.nodeid))
     }
 
     /// The logical size of a regular file that is not open: from its header, or the lower size.
-    fn closed_file_size(&self, inode: &Inode, lower_size: u64) -> FsResult<u64> {
+    fn closed_file_size(&self, inode: &Node, lower_size: u64) -> FsResult<u64> {
         if lower_size == 0 {
             return Ok(0);
         }
@@ -203,7 +213,7 @@ impl DenseFs {
         }
     }
 
-    fn attr_of(&self, inode: &Inode) -> FsResult<Attr> {
+    fn attr_of(&self, inode: &Node) -> FsResult<Attr> {
         let st = lower::stat_fd(inode.raw_fd())?;
         let kind = Kind::from_mode(st.st_mode);
         let mut size = st.st_size as u64;
@@ -236,7 +246,7 @@ impl DenseFs {
     }
 
     pub fn getattr(&self, nodeid: u64) -> FsResult<Attr> {
-        self.attr_of(&*self.inode(nodeid)?)
+        self.attr_of(&self.inode(nodeid)?)
     }
 
     pub fn forget(&self, nodeid: u64, n: u64) {

@@ -2,7 +2,7 @@
 
 use super::error::check;
 use super::lower::{self, cstr};
-use super::{Attr, Caller, DenseFs, DirEntry, FsError, FsResult, Handle, Kind};
+use super::{Attr, Caller, DenseFs, DirEntry, FsError, FsResult, Handle, Kind, Node};
 use std::ffi::OsStr;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
@@ -15,8 +15,8 @@ impl DenseFs {
         let dir = self.inode(parent)?;
         let fd = lower::open_path(dir.raw_fd(), name)?;
         let st = lower::stat_fd(fd.as_raw_fd())?;
-        let inode = self.inodes.remember(fd, &st);
-        match self.attr_of(&inode) {
+        let inode = self.inodes.remember(parent, name, fd, &st);
+        match self.inode(inode.nodeid).and_then(|node| self.attr_of(&node)) {
             Ok(attr) => Ok(attr),
             Err(e) => {
                 self.inodes.forget(inode.nodeid, 1);
@@ -90,10 +90,26 @@ impl DenseFs {
         let to = self.inode(new_parent)?;
         let a = cstr(name)?;
         let b = cstr(new_name)?;
+        let stat_at = |dir: &Node, name: &std::ffi::CStr| {
+            let mut st: libc::stat = unsafe { std::mem::zeroed() };
+            let r = unsafe { libc::fstatat(dir.raw_fd(), name.as_ptr(), &mut st, libc::AT_SYMLINK_NOFOLLOW) };
+            (r == 0).then_some((st.st_dev, st.st_ino))
+        };
+        let moving = stat_at(&from, &a);
+        let displaced = stat_at(&to, &b);
         let ret = unsafe {
             libc::syscall(libc::SYS_renameat2, from.raw_fd(), a.as_ptr(), to.raw_fd(), b.as_ptr(), flags) as libc::c_int
         };
         check(ret)?;
+        // Keep the inode table's idea of where things live (it reopens evicted inodes by name).
+        if let Some((dev, ino)) = moving {
+            self.inodes.moved(dev, ino, new_parent, new_name);
+        }
+        if flags & libc::RENAME_EXCHANGE != 0 {
+            if let Some((dev, ino)) = displaced {
+                self.inodes.moved(dev, ino, parent, name);
+            }
+        }
         Ok(())
     }
 

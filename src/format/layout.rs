@@ -2,19 +2,22 @@
 //! lower file, and how a byte range splits into per-record pieces. No I/O here.
 //!
 //! ```text
-//! lower offset 0            header block (HEADER_BLOCK bytes, see format::header)
-//! then, for each group g of GROUP_RECORDS records:
-//!   table block             GROUP_RECORDS entries of ENTRY_SIZE bytes (two slot descriptors each)
-//!   record slots            for record i of the group: slot 0, then slot 1, each record_size bytes
+//! block 0 (4 KiB)    header copy A @0, header copy B @512, table of group 0 @2048 (2 KiB)
+//! group 0 slots      for record i of the group: slot 0, then slot 1, each record_size bytes
+//! group g >= 1:      table block (4 KiB, first 2 KiB used), then the group's slots
 //! ```
-//! Every region starts on a 4 KiB boundary, so a slot's unused tail can be punched out and the
-//! lower file's allocated blocks follow the compressed size.
+//! A group is GROUP_RECORDS records; its table holds one ENTRY_SIZE entry (two slot
+//! descriptors) per record. Every slot starts on a 4 KiB boundary, so a slot's unused tail can be
+//! punched out and the lower file's allocated blocks follow the compressed size; group 0's table
+//! shares the header's block, so a small file costs one block more than its compressed data.
 
 pub const HEADER_BLOCK: u64 = 4096;
-pub const GROUP_RECORDS: u64 = 64;
+pub const GROUP_RECORDS: u64 = 32;
 pub const DESCRIPTOR_SIZE: u64 = 32;
 pub const ENTRY_SIZE: u64 = 2 * DESCRIPTOR_SIZE;
-pub const TABLE_BLOCK: u64 = GROUP_RECORDS * ENTRY_SIZE;
+pub const TABLE_SIZE: u64 = GROUP_RECORDS * ENTRY_SIZE;
+/// Where group 0's table sits inside the header block.
+pub const GROUP0_TABLE_OFF: u64 = HEADER_BLOCK - TABLE_SIZE;
 pub const SLOTS_PER_RECORD: u64 = 2;
 /// Allocation granularity the layout is aligned to (and rounds slot tails to).
 pub const BLOCK: u64 = 4096;
@@ -85,21 +88,22 @@ impl Layout {
         size.saturating_sub(start).min(self.record_size()) as usize
     }
 
-    fn group_span(&self) -> u64 {
-        TABLE_BLOCK + GROUP_RECORDS * SLOTS_PER_RECORD * self.record_size()
+    fn slots_span(&self) -> u64 {
+        GROUP_RECORDS * SLOTS_PER_RECORD * self.record_size()
     }
 
     pub fn record_to_group(&self, record: u64) -> u64 {
         record / GROUP_RECORDS
     }
 
-    pub fn group_to_lower_off(&self, group: u64) -> u64 {
-        HEADER_BLOCK + group * self.group_span()
+    /// Offset of the group's first slot.
+    pub fn group_to_slots_off(&self, group: u64) -> u64 {
+        HEADER_BLOCK + group * (self.slots_span() + BLOCK)
     }
 
-    /// Offset of the group's table block (same as the group's start).
+    /// Offset of the group's table (TABLE_SIZE bytes).
     pub fn group_to_table_off(&self, group: u64) -> u64 {
-        self.group_to_lower_off(group)
+        if group == 0 { GROUP0_TABLE_OFF } else { self.group_to_slots_off(group) - BLOCK }
     }
 
     /// Index of `record` inside its group's table.
@@ -115,8 +119,7 @@ impl Layout {
 
     pub fn record_to_slot_off(&self, record: u64, slot: usize) -> u64 {
         debug_assert!(slot < SLOTS_PER_RECORD as usize);
-        self.group_to_lower_off(self.record_to_group(record))
-            + TABLE_BLOCK
+        self.group_to_slots_off(self.record_to_group(record))
             + ((record % GROUP_RECORDS) * SLOTS_PER_RECORD + slot as u64) * self.record_size()
     }
 
@@ -125,7 +128,7 @@ impl Layout {
         if records == 0 {
             return HEADER_BLOCK;
         }
-        self.group_to_lower_off(self.record_to_group(records - 1) + 1)
+        self.group_to_slots_off(self.record_to_group(records - 1)) + self.slots_span()
     }
 
     /// Splits the logical range `[offset, offset + len)` into per-record pieces.
@@ -169,19 +172,20 @@ mod tests {
         for shift in [12u8, 13, 17, 20] {
             let layout = Layout::from_shift(shift).unwrap();
             let rs = layout.record_size();
-            let mut regions: Vec<(u64, u64)> = vec![(0, HEADER_BLOCK)];
+            // Header copies (64 bytes at 0 and 512), then every table and slot.
+            let mut regions: Vec<(u64, u64)> = vec![(0, 64), (512, 576)];
             for record in 0..(3 * GROUP_RECORDS) {
+                let t = layout.group_to_table_off(layout.record_to_group(record));
                 if record % GROUP_RECORDS == 0 {
-                    let t = layout.group_to_table_off(layout.record_to_group(record));
-                    regions.push((t, t + TABLE_BLOCK));
+                    regions.push((t, t + TABLE_SIZE));
+                    assert_eq!(t / BLOCK, (t + TABLE_SIZE - 1) / BLOCK, "a table lies inside one block");
                 }
                 for slot in 0..2 {
                     let s = layout.record_to_slot_off(record, slot);
                     assert_eq!(s % BLOCK, 0);
                     regions.push((s, s + rs));
                     let d = layout.record_to_descriptor_off(record, slot);
-                    let t = layout.group_to_table_off(layout.record_to_group(record));
-                    assert!(d >= t && d + DESCRIPTOR_SIZE <= t + TABLE_BLOCK);
+                    assert!(d >= t && d + DESCRIPTOR_SIZE <= t + TABLE_SIZE);
                     // A descriptor never straddles a 512-byte sector, so its write is atomic on disk.
                     assert_eq!(d / 512, (d + DESCRIPTOR_SIZE - 1) / 512);
                 }
@@ -189,9 +193,12 @@ mod tests {
             regions.sort();
             for pair in regions.windows(2) {
                 assert!(pair[0].1 <= pair[1].0, "overlap {pair:?}");
-                assert_eq!(pair[0].1, pair[1].0, "gap {pair:?}");
+                // The only unused space: after the header copies, and the first half of later tables' blocks.
+                let gap = pair[1].0 - pair[0].1;
+                assert!(gap == 0 || gap == BLOCK - TABLE_SIZE || pair[0].1 <= HEADER_BLOCK, "gap {pair:?}");
             }
             assert_eq!(layout.records_to_lower_len(3 * GROUP_RECORDS), regions.last().unwrap().1);
+            assert_eq!(layout.records_to_lower_len(1), HEADER_BLOCK + GROUP_RECORDS * 2 * rs);
         }
     }
 

@@ -1,6 +1,7 @@
 //! The container format, version 1: byte maps and their encoders/decoders (see docs/FORMAT.md).
 //!
-//! Header copy (HEADER_COPY_SIZE bytes; two copies, at 0 and HEADER_COPY_STRIDE, newest valid wins):
+//! Header copy (HEADER_COPY_SIZE bytes; two copies, at 0 and 512, in different sectors; the valid
+//! copy with the higher sequence number wins):
 //! ```text
 //!  0  8  magic "DENSEFS\0"
 //!  8  2  format version (u16 LE) = 1
@@ -36,7 +37,7 @@ pub use layout::{Layout, Piece};
 pub const MAGIC: [u8; 8] = *b"DENSEFS\0";
 pub const FORMAT_VERSION: u16 = 1;
 pub const HEADER_COPY_SIZE: usize = 64;
-pub const HEADER_COPY_STRIDE: usize = 2048;
+pub const HEADER_COPY_STRIDE: usize = 512;
 pub const DESCRIPTOR_SIZE: usize = layout::DESCRIPTOR_SIZE as usize;
 
 /// Why a container's metadata could not be used.
