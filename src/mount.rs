@@ -15,6 +15,9 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+/// How long written data may sit in memory before it is compressed and written to the lower file.
+const WRITEBACK_INTERVAL: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// Everything `densefs mount` was asked for.
 #[derive(Debug, Clone, PartialEq)]
 pub struct MountConfig {
@@ -237,6 +240,17 @@ fn serve(
         Ok(s) => s,
         Err(e) => return Err(fail(&mut ready, format!("cannot mount {}: {e}", mountpoint.display()))),
     };
+    let flusher = Arc::downgrade(&fs);
+    std::thread::Builder::new()
+        .name("densefs-writeback".into())
+        .spawn(move || loop {
+            std::thread::sleep(WRITEBACK_INTERVAL);
+            match flusher.upgrade() {
+                Some(fs) => fs.writeback_tick(),
+                None => break,
+            }
+        })
+        .map_err(|e| e.to_string())?;
     let target = mountpoint.to_path_buf();
     std::thread::Builder::new()
         .name("densefs-signals".into())

@@ -150,3 +150,34 @@ fn sigkill_during_writes_never_loses_fsynced_data_or_returns_garbage() {
     eprintln!("verified {total} records across {rounds} crashes");
     assert!(total > 0);
 }
+
+#[test]
+fn data_left_in_an_open_file_reaches_the_lower_within_seconds() {
+    let d = Dirs::new();
+    let m = Mount::new(&d.lower, &d.mnt, "recordsize=128K");
+    let f = OpenOptions::new().write(true).create(true).truncate(true).open(m.path("log")).unwrap();
+    // A partial record and a size change: neither a full record nor a close pushes them out.
+    let line = b"first line of a log that stays open\n";
+    f.write_all_at(line, 0).unwrap();
+    // Wait for the lower header to record the size (two writeback ticks: data, then header).
+    let header_size = |raw: &[u8], at: usize| {
+        let seq = u64::from_le_bytes(raw[at + 24..at + 32].try_into().unwrap());
+        let size = u64::from_le_bytes(raw[at + 16..at + 24].try_into().unwrap());
+        (seq, size)
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let raw = std::fs::read(d.lower.join("log")).unwrap();
+        let newest = header_size(&raw, 0).max(header_size(&raw, 512));
+        if newest.1 == line.len() as u64 {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "the size never reached the lower file");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    m.kill();
+    drop(f);
+    let m = Mount::new(&d.lower, &d.mnt, "");
+    assert_eq!(std::fs::read(m.path("log")).unwrap(), b"first line of a log that stays open\n");
+    m.unmount();
+}

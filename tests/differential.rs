@@ -46,8 +46,8 @@ const DIRS: usize = 2;
 const SLOTS: usize = 6;
 const MAX_OFF: u64 = 2 << 20;
 const MAX_LEN: usize = 300 << 10;
-/// Records per descriptor table in the container format (densefs::format::layout).
-const GROUP_RECORDS: u64 = 64;
+/// Records per descriptor table in the container format.
+const GROUP_RECORDS: u64 = densefs::format::layout::GROUP_RECORDS;
 /// A whole-tree comparison every this many operations.
 const CHECK_EVERY: usize = 400;
 /// A run that makes no progress for this long has hung: the daemon is killed.

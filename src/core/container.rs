@@ -603,31 +603,46 @@ impl Container {
         Ok(())
     }
 
-    /// Hands every dirty record to the engine and waits until all have landed.
+    /// Hands every dirty record to the engine and waits until all of them have landed, then
+    /// writes the header. Records dirtied by other writers after the call starts are not waited
+    /// for (so a busy writer cannot hold an fsync forever).
     pub fn flush(self: &Arc<Self>) -> FsResult<()> {
         let mut st = self.state.lock();
+        let mut pending: BTreeSet<u64> = st.dirty.keys().chain(st.inflight.keys()).copied().collect();
         loop {
             if let Some(e) = st.write_error.take() {
                 return Err(e);
             }
-            if !st.dirty.is_empty() {
-                let records: Vec<u64> = st.dirty.keys().copied().collect();
-                let jobs = self.prepare(&mut st, &records);
-                if !jobs.is_empty() {
-                    drop(st);
-                    self.engine.submit(jobs);
-                    st = self.state.lock();
-                    continue;
-                }
-            }
-            if st.inflight.is_empty() && st.dirty.iter().all(|(_, b)| b.is_empty()) {
-                st.dirty.clear();
-                st.dirty_bytes = 0;
+            pending.retain(|r| st.dirty.get(r).is_some_and(|b| !b.is_empty()) || st.inflight.contains_key(r));
+            if pending.is_empty() {
                 break;
             }
-            self.landed.wait(&mut st);
+            let ready: Vec<u64> = pending.iter().copied().filter(|r| st.dirty.contains_key(r)).collect();
+            let jobs = self.prepare(&mut st, &ready);
+            if jobs.is_empty() {
+                self.landed.wait(&mut st);
+            } else {
+                drop(st);
+                self.engine.submit(jobs);
+                st = self.state.lock();
+            }
         }
         self.write_header(&mut st)
+    }
+
+    /// Background writeback (every few seconds): starts compressing every dirty record without
+    /// waiting, and records the size once nothing is in flight, so a crash loses little.
+    pub fn writeback(self: &Arc<Self>) -> FsResult<()> {
+        let jobs = {
+            let mut st = self.state.lock();
+            if st.dirty.is_empty() && st.inflight.is_empty() {
+                self.write_header(&mut st)?;
+            }
+            let records: Vec<u64> = st.dirty.keys().copied().collect();
+            self.prepare(&mut st, &records)
+        };
+        self.engine.submit(jobs);
+        Ok(())
     }
 
     fn write_header(&self, st: &mut State) -> FsResult<()> {

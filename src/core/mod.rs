@@ -269,6 +269,18 @@ impl DenseFs {
         })
     }
 
+    /// Starts writing back what has sat in memory (called every few seconds, like the kernel's
+    /// dirty writeback or a ZFS transaction group).
+    pub fn writeback_tick(&self) {
+        for content in self.inodes.open_contents() {
+            if let Content::Container(c) = content {
+                if let Err(e) = c.writeback() {
+                    tracing::warn!("background writeback: {e}");
+                }
+            }
+        }
+    }
+
     /// Lands everything still in memory (unmount).
     pub fn flush_all(&self) {
         for content in self.inodes.open_contents() {
