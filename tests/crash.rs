@@ -30,7 +30,7 @@ fn version_bytes(file: u32, record: u32, version: u32) -> Vec<u8> {
         x ^= x << 17;
         // Compressible: few distinct bytes, long runs.
         let byte = b"ACGT\n"[(x % 5) as usize];
-        out.extend(std::iter::repeat(byte).take(1 + (x >> 60) as usize));
+        out.extend(std::iter::repeat_n(byte, 1 + (x >> 60) as usize));
     }
     out.truncate(RECORD);
     out
@@ -47,7 +47,7 @@ struct Journal {
 fn writer(mnt: std::path::PathBuf, seed: u64, journal: Arc<Mutex<Journal>>, stop: Arc<AtomicBool>) {
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let files: Vec<File> = (0..FILES)
-        .map(|i| OpenOptions::new().read(true).write(true).create(true).open(mnt.join(format!("f{i}"))).unwrap())
+        .map(|i| OpenOptions::new().read(true).write(true).create(true).truncate(false).open(mnt.join(format!("f{i}"))).unwrap())
         .collect();
     // Versions keep counting up across rounds, so an old copy is never mistaken for a new one.
     let mut next_version: HashMap<(u32, u32), u32> = journal.lock().unwrap().written.clone();

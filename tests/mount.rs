@@ -177,7 +177,7 @@ fn names_links_modes_xattrs_and_special_files_pass_through() {
     assert_eq!(fs::read(m.path("x")).unwrap(), b"Y");
     assert_eq!(fs::read(m.path("y")).unwrap(), b"X");
     fs::rename(m.path("x"), m.path("a/b/moved")).unwrap();
-    assert_eq!(fs::read(d.lower.join("a/b/moved")).is_ok(), true);
+    assert!(fs::read(d.lower.join("a/b/moved")).is_ok());
     let mut names: Vec<_> = fs::read_dir(m.path("a")).unwrap().map(|e| e.unwrap().file_name()).collect();
     names.sort();
     assert_eq!(names, ["b", "fifo", "hard", "link"]);

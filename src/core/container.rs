@@ -146,7 +146,7 @@ fn candidates(pair: &Pair) -> Vec<(usize, Descriptor)> {
             _ => None,
         })
         .collect();
-    valid.sort_by(|a, b| b.1.generation.cmp(&a.1.generation));
+    valid.sort_by_key(|(_, d)| std::cmp::Reverse(d.generation));
     valid
 }
 
@@ -223,7 +223,11 @@ impl Container {
 
     fn pair(&self, st: &mut State, record: u64) -> FsResult<Pair> {
         let group = self.layout.record_to_group(record);
-        if !st.tables.contains_key(&group) {
+        let index = self.layout.record_to_entry_index(record);
+        if let Some(table) = st.tables.get(&group) {
+            return Ok(table[index]);
+        }
+        {
             let mut block = vec![0u8; TABLE_SIZE as usize];
             lower::pread_full(&self.lower, &mut block, self.layout.group_to_table_off(group))?;
             let rs = self.layout.record_size();
@@ -238,9 +242,10 @@ impl Container {
                     }
                 }
             }
+            let pair = table[index];
             st.tables.insert(group, table);
+            Ok(pair)
         }
-        Ok(st.tables[&group][self.layout.record_to_entry_index(record)])
     }
 
     fn set_descriptor(&self, st: &mut State, record: u64, slot: usize, state: SlotState) -> FsResult<()> {
@@ -397,8 +402,14 @@ impl Container {
                     return Ok(());
                 }
                 match self.source(&mut st, record)? {
-                    Source::Memory(buf) => return Ok(self.put_trimmed(&mut st, record, &buf)),
-                    Source::Absent => return Ok(st.put_dirty(record, Vec::new())),
+                    Source::Memory(buf) => {
+                        self.put_trimmed(&mut st, record, &buf);
+                        return Ok(());
+                    }
+                    Source::Absent => {
+                        st.put_dirty(record, Vec::new());
+                        return Ok(());
+                    }
                     Source::Lower { candidates } => candidates,
                 }
             };
@@ -410,7 +421,8 @@ impl Container {
             }
             // Insert only if nothing changed the record while we read it; else look again.
             if !st.inflight.contains_key(&record) && candidates(&self.pair(&mut st, record)?) == seen {
-                return Ok(self.put_trimmed(&mut st, record, &buf));
+                self.put_trimmed(&mut st, record, &buf);
+                return Ok(());
             }
         }
     }
