@@ -146,7 +146,7 @@ pub fn mount(lower: &Path, mountpoint: &Path, config: MountConfig, foreground: b
     if !mountpoint.is_dir() {
         return Err(format!("mount point {} is not a directory", mountpoint.display()));
     }
-    if lower.starts_with(&mountpoint) || mountpoint.starts_with(&lower) && mountpoint != lower {
+    if lower != mountpoint && (lower.starts_with(&mountpoint) || mountpoint.starts_with(&lower)) {
         // Mounting over the lower directory itself works (the daemon holds it open first);
         // one inside the other would recurse.
         return Err("the lower directory and the mount point must not contain each other".into());

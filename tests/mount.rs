@@ -324,3 +324,21 @@ fn the_daemonized_mount_and_umount_commands_work() {
     assert_eq!(s.as_bytes(), &compressible(1 << 20, 4)[1000..1005]);
     m.unmount();
 }
+
+#[test]
+fn mounting_over_the_lower_directory_itself_works() {
+    let d = Dirs::new();
+    fs::write(d.lower.join("before.txt"), b"was here first\n").unwrap();
+    let m = Mount::new(&d.lower, &d.lower, "compression=gzip-1");
+    assert_eq!(fs::read(d.lower.join("before.txt")).unwrap(), b"was here first\n");
+    let data = compressible(1 << 20, 11);
+    fs::write(d.lower.join("new.fastq"), &data).unwrap();
+    assert!(fs::metadata(d.lower.join("new.fastq")).unwrap().blocks() * 512 < (data.len() / 2) as u64);
+    m.unmount();
+    // Underneath: the old file untouched, the new one a container; mounted again, both read back.
+    assert_eq!(fs::read(d.lower.join("before.txt")).unwrap(), b"was here first\n");
+    assert_eq!(&fs::read(d.lower.join("new.fastq")).unwrap()[..8], b"DENSEFS\0");
+    let m = Mount::new(&d.lower, &d.lower, "");
+    assert_eq!(fs::read(d.lower.join("new.fastq")).unwrap(), data);
+    m.unmount();
+}
