@@ -168,7 +168,7 @@ fn data_left_in_an_open_file_reaches_the_lower_within_seconds() {
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     loop {
         let raw = std::fs::read(d.lower.join("log")).unwrap();
-        let newest = header_size(&raw, 0).max(header_size(&raw, 512));
+        let newest = header_size(&raw, 0).max(header_size(&raw, 64));
         if newest.1 == line.len() as u64 {
             break;
         }

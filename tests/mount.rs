@@ -257,7 +257,7 @@ fn a_header_from_a_future_version_is_refused_clearly() {
     fs::write(m.path("f"), b"some bytes").unwrap();
     m.unmount();
     let mut raw = fs::read(d.lower.join("f")).unwrap();
-    for at in [0usize, 512] {
+    for at in [0usize, 64] {
         if &raw[at..at + 8] == b"DENSEFS\0" {
             raw[at + 8] = 9;
             let crc = crc32c_sw(&raw[at..at + 60]);
@@ -341,4 +341,35 @@ fn mounting_over_the_lower_directory_itself_works() {
     let m = Mount::new(&d.lower, &d.lower, "");
     assert_eq!(fs::read(d.lower.join("new.fastq")).unwrap(), data);
     m.unmount();
+}
+
+#[test]
+fn a_small_file_takes_a_single_block() {
+    let d = Dirs::new();
+    let m = Mount::new(&d.lower, &d.mnt, "compression=zstd-3");
+    let text = compressible(5000, 12);
+    fs::write(m.path("small.txt"), &text).unwrap();
+    fs::write(m.path("tiny.bin"), random_bytes(1500, 3)).unwrap();
+    fs::write(m.path("bigger.bin"), random_bytes(3000, 4)).unwrap();
+    assert_eq!(fs::metadata(d.lower.join("small.txt")).unwrap().blocks(), 8, "one 4 KiB block");
+    assert_eq!(fs::metadata(d.lower.join("tiny.bin")).unwrap().blocks(), 8);
+    assert_eq!(fs::metadata(d.lower.join("bigger.bin")).unwrap().blocks(), 16, "header block + one data block");
+    // Rewriting moves the record out to its second slot and back; contents stay right.
+    let f = OpenOptions::new().write(true).open(m.path("small.txt")).unwrap();
+    f.write_all_at(b"edit", 10).unwrap();
+    f.sync_all().unwrap();
+    f.write_all_at(&random_bytes(4000, 5), 0).unwrap();
+    f.sync_all().unwrap();
+    f.write_all_at(&text[..4000], 0).unwrap();
+    f.sync_all().unwrap();
+    drop(f);
+    let mut expect = text.clone();
+    expect[..4000].copy_from_slice(&text[..4000]);
+    m.unmount();
+    let m = Mount::new(&d.lower, &d.mnt, "");
+    assert_eq!(fs::read(m.path("small.txt")).unwrap(), expect);
+    assert_eq!(fs::read(m.path("tiny.bin")).unwrap(), random_bytes(1500, 3));
+    m.unmount();
+    // The old copies are freed: header block plus at most one data block remain.
+    assert!(fs::metadata(d.lower.join("small.txt")).unwrap().blocks() <= 16);
 }

@@ -19,8 +19,8 @@ use super::lower;
 use crate::checksum::ChecksumKind;
 use crate::codec::Compression;
 use crate::engine::{CompressRequest, DecompressRequest, Encoded, Engine, EngineError, Job, MinSavings, Output, Work};
-use crate::format::layout::{round_up_block, GROUP_RECORDS, HEADER_BLOCK, TABLE_SIZE};
-use crate::format::{Descriptor, Header, Layout, SlotState, DESCRIPTOR_SIZE};
+use crate::format::layout::{round_up_block, GROUP_RECORDS, HEADER_BLOCK, INLINE_CAPACITY, INLINE_OFF, TABLE_SIZE};
+use crate::format::{Descriptor, Header, Layout, SlotState, DESCRIPTOR_SIZE, FLAG_INLINE};
 use parking_lot::{Condvar, Mutex, MutexGuard, RwLock, RwLockReadGuard};
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::fs::File;
@@ -231,10 +231,18 @@ impl Container {
             let mut block = vec![0u8; TABLE_SIZE as usize];
             lower::pread_full(&self.lower, &mut block, self.layout.group_to_table_off(group))?;
             let rs = self.layout.record_size();
-            let table: Box<[Pair]> = block
+            let mut table: Box<[Pair]> = block
                 .chunks_exact(2 * DESCRIPTOR_SIZE)
                 .map(|e| [Descriptor::decode(&e[..DESCRIPTOR_SIZE], rs), Descriptor::decode(&e[DESCRIPTOR_SIZE..], rs)])
                 .collect();
+            // Only record 0's slot 0 may be inline.
+            for (i, pair) in table.iter_mut().enumerate() {
+                for (slot, s) in pair.iter_mut().enumerate() {
+                    if matches!(s, SlotState::Valid(d) if d.is_inline()) && (group, i, slot) != (0, 0, 0) {
+                        *s = SlotState::Damaged;
+                    }
+                }
+            }
             for (i, pair) in table.iter().enumerate() {
                 for (slot, s) in pair.iter().enumerate() {
                     if *s == SlotState::Damaged {
@@ -279,7 +287,8 @@ impl Container {
 
     fn read_slot(&self, record: u64, slot: usize, d: &Descriptor) -> FsResult<DecompressRequest> {
         let mut stored = vec![0u8; d.stored_len as usize];
-        let n = lower::pread_full(&self.lower, &mut stored, self.layout.record_to_slot_off(record, slot))?;
+        let at = if d.is_inline() { INLINE_OFF } else { self.layout.record_to_slot_off(record, slot) };
+        let n = lower::pread_full(&self.lower, &mut stored, at)?;
         stored.truncate(n); // a short slot fails its checksum below
         Ok(DecompressRequest {
             codec: d.codec(),
@@ -586,16 +595,20 @@ impl Container {
             }
         };
         let generation = found.first().map_or(0, |(_, d)| d.generation) + 1;
+        let stored = encoded.bytes.len() as u64;
+        let inline = record == 0 && target == 0 && stored > 0 && stored <= INLINE_CAPACITY;
         let slot_off = self.layout.record_to_slot_off(record, target);
+        // Bytes the slot's own area held and holds now (an inline copy holds none of it).
         let old_len = match pair[target] {
+            SlotState::Valid(d) if d.is_inline() => 0,
             SlotState::Valid(d) => round_up_block(d.stored_len as u64),
             SlotState::Damaged => self.layout.record_size(),
             SlotState::Empty => 0,
         };
-        if !encoded.bytes.is_empty() {
-            lower::pwrite_all(&self.lower, &encoded.bytes, slot_off)?;
+        let new_len = if inline { 0 } else { round_up_block(stored) };
+        if stored > 0 {
+            lower::pwrite_all(&self.lower, &encoded.bytes, if inline { INLINE_OFF } else { slot_off })?;
         }
-        let new_len = round_up_block(encoded.bytes.len() as u64);
         if old_len > new_len {
             lower::punch_hole(&self.lower, slot_off + new_len, old_len - new_len)?;
         }
@@ -605,6 +618,7 @@ impl Container {
             logical_len: encoded.logical_len,
             codec_id: encoded.codec as u8,
             level: encoded.level,
+            flags: if inline { FLAG_INLINE } else { 0 },
             checksum: encoded.checksum,
         };
         self.set_descriptor(st, record, target, SlotState::Valid(descriptor))?;

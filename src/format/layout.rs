@@ -2,14 +2,16 @@
 //! lower file, and how a byte range splits into per-record pieces. No I/O here.
 //!
 //! ```text
-//! block 0 (4 KiB)    header copy A @0, header copy B @512, table of group 0 @2048 (2 KiB)
+//! block 0 (4 KiB)    header copy A @0, header copy B @64, inline area @128 (1920 B),
+//!                    table of group 0 @2048 (2 KiB)
 //! group 0 slots      for record i of the group: slot 0, then slot 1, each record_size bytes
 //! group g >= 1:      table block (4 KiB, first 2 KiB used), then the group's slots
 //! ```
 //! A group is GROUP_RECORDS records; its table holds one ENTRY_SIZE entry (two slot
 //! descriptors) per record. Every slot starts on a 4 KiB boundary, so a slot's unused tail can be
-//! punched out and the lower file's allocated blocks follow the compressed size; group 0's table
-//! shares the header's block, so a small file costs one block more than its compressed data.
+//! punched out and the lower file's allocated blocks follow the compressed size. Group 0's table
+//! shares the header's block, and so may record 0's slot 0 when it compresses to at most
+//! INLINE_CAPACITY bytes: a small file then takes a single block.
 
 pub const HEADER_BLOCK: u64 = 4096;
 pub const GROUP_RECORDS: u64 = 32;
@@ -18,6 +20,9 @@ pub const ENTRY_SIZE: u64 = 2 * DESCRIPTOR_SIZE;
 pub const TABLE_SIZE: u64 = GROUP_RECORDS * ENTRY_SIZE;
 /// Where group 0's table sits inside the header block.
 pub const GROUP0_TABLE_OFF: u64 = HEADER_BLOCK - TABLE_SIZE;
+/// Block 0's room for record 0's slot 0, after the two 64-byte header copies.
+pub const INLINE_OFF: u64 = 128;
+pub const INLINE_CAPACITY: u64 = GROUP0_TABLE_OFF - INLINE_OFF;
 pub const SLOTS_PER_RECORD: u64 = 2;
 /// Allocation granularity the layout is aligned to (and rounds slot tails to).
 pub const BLOCK: u64 = 4096;
@@ -172,8 +177,8 @@ mod tests {
         for shift in [12u8, 13, 17, 20] {
             let layout = Layout::from_shift(shift).unwrap();
             let rs = layout.record_size();
-            // Header copies (64 bytes at 0 and 512), then every table and slot.
-            let mut regions: Vec<(u64, u64)> = vec![(0, 64), (512, 576)];
+            // Header copies (64 bytes at 0 and 64), the inline area, then every table and slot.
+            let mut regions: Vec<(u64, u64)> = vec![(0, 64), (64, 128), (INLINE_OFF, INLINE_OFF + INLINE_CAPACITY)];
             for record in 0..(3 * GROUP_RECORDS) {
                 let t = layout.group_to_table_off(layout.record_to_group(record));
                 if record % GROUP_RECORDS == 0 {
@@ -193,9 +198,9 @@ mod tests {
             regions.sort();
             for pair in regions.windows(2) {
                 assert!(pair[0].1 <= pair[1].0, "overlap {pair:?}");
-                // The only unused space: after the header copies, and the first half of later tables' blocks.
+                // The only unused space: the second half of later groups' table blocks.
                 let gap = pair[1].0 - pair[0].1;
-                assert!(gap == 0 || gap == BLOCK - TABLE_SIZE || pair[0].1 <= HEADER_BLOCK, "gap {pair:?}");
+                assert!(gap == 0 || gap == BLOCK - TABLE_SIZE, "gap {pair:?}");
             }
             assert_eq!(layout.records_to_lower_len(3 * GROUP_RECORDS), regions.last().unwrap().1);
             assert_eq!(layout.records_to_lower_len(1), HEADER_BLOCK + GROUP_RECORDS * 2 * rs);

@@ -1,7 +1,7 @@
 //! The container format, version 1: byte maps and their encoders/decoders (see docs/FORMAT.md).
 //!
-//! Header copy (HEADER_COPY_SIZE bytes; two copies, at 0 and 512, in different sectors; the valid
-//! copy with the higher sequence number wins):
+//! Header copy (HEADER_COPY_SIZE bytes; two copies, at 0 and 64; the valid copy with the higher
+//! sequence number wins):
 //! ```text
 //!  0  8  magic "DENSEFS\0"
 //!  8  2  format version (u16 LE) = 1
@@ -22,7 +22,8 @@
 //!  8  4  logical length (u32 LE; the record's decoded length, 1..=record size)
 //! 12  1  codec id (0 = stored raw)
 //! 13  1  codec level (i8, informational)
-//! 14  2  reserved, zero
+//! 14  1  flags: bit 0 = inline (record 0, slot 0 only: the bytes sit in block 0, see layout)
+//! 15  1  reserved, zero
 //! 16  8  checksum of the stored bytes (crc32c zero-extended, or xxh3-64), u64 LE
 //! 24  4  reserved, zero
 //! 28  4  crc32c of bytes 0..28 (u32 LE)
@@ -37,7 +38,7 @@ pub use layout::{Layout, Piece};
 pub const MAGIC: [u8; 8] = *b"DENSEFS\0";
 pub const FORMAT_VERSION: u16 = 1;
 pub const HEADER_COPY_SIZE: usize = 64;
-pub const HEADER_COPY_STRIDE: usize = 512;
+pub const HEADER_COPY_STRIDE: usize = 64;
 pub const DESCRIPTOR_SIZE: usize = layout::DESCRIPTOR_SIZE as usize;
 
 /// Why a container's metadata could not be used.
@@ -163,8 +164,12 @@ pub struct Descriptor {
     pub logical_len: u32,
     pub codec_id: u8,
     pub level: i8,
+    pub flags: u8,
     pub checksum: u64,
 }
+
+/// Descriptor flag: the stored bytes are in block 0's inline area, not in the slot.
+pub const FLAG_INLINE: u8 = 1;
 
 /// What a descriptor's 32 bytes say.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -183,6 +188,7 @@ impl Descriptor {
         b[8..12].copy_from_slice(&self.logical_len.to_le_bytes());
         b[12] = self.codec_id;
         b[13] = self.level as u8;
+        b[14] = self.flags;
         b[16..24].copy_from_slice(&self.checksum.to_le_bytes());
         let crc = crc32c::crc32c(&b[..28]);
         b[28..32].copy_from_slice(&crc.to_le_bytes());
@@ -203,6 +209,7 @@ impl Descriptor {
             logical_len: le_u32(b, 8),
             codec_id: b[12],
             level: b[13] as i8,
+            flags: b[14],
             checksum: le_u64(b, 16),
         };
         let sane = d.generation != 0
@@ -210,8 +217,14 @@ impl Descriptor {
             && d.logical_len as u64 <= record_size
             && d.stored_len as u64 <= record_size
             && Codec::from_id(d.codec_id).is_ok()
-            && (d.codec_id != Codec::Off as u8 || d.stored_len == 0 || d.stored_len == d.logical_len);
+            && (d.codec_id != Codec::Off as u8 || d.stored_len == 0 || d.stored_len == d.logical_len)
+            && d.flags & !FLAG_INLINE == 0
+            && (!d.is_inline() || (d.stored_len > 0 && d.stored_len as u64 <= layout::INLINE_CAPACITY));
         if sane { SlotState::Valid(d) } else { SlotState::Damaged }
+    }
+
+    pub fn is_inline(&self) -> bool {
+        self.flags & FLAG_INLINE != 0
     }
 
     /// An all-zero record: nothing stored, reads as `logical_len` zeros.
@@ -281,7 +294,7 @@ mod tests {
 
     #[test]
     fn descriptors_round_trip_and_detect_damage() {
-        let d = Descriptor { generation: 3, stored_len: 1000, logical_len: 4096, codec_id: 2, level: 6, checksum: 0xdead_beef };
+        let d = Descriptor { generation: 3, stored_len: 1000, logical_len: 4096, codec_id: 2, level: 6, flags: 0, checksum: 0xdead_beef };
         let b = d.encode();
         assert_eq!(Descriptor::decode(&b, 4096), SlotState::Valid(d));
         assert_eq!(Descriptor::decode(&[0u8; 32], 4096), SlotState::Empty);
@@ -294,6 +307,12 @@ mod tests {
         assert_eq!(Descriptor::decode(&d.encode(), 2048), SlotState::Damaged);
         let unknown = Descriptor { codec_id: 77, ..d }.encode();
         assert_eq!(Descriptor::decode(&unknown, 4096), SlotState::Damaged);
+        let inline = Descriptor { flags: FLAG_INLINE, ..d };
+        assert_eq!(Descriptor::decode(&inline.encode(), 4096), SlotState::Valid(inline));
+        let too_big = Descriptor { flags: FLAG_INLINE, stored_len: 3000, ..d };
+        assert_eq!(Descriptor::decode(&too_big.encode(), 4096), SlotState::Damaged);
+        let unknown_flag = Descriptor { flags: 2, ..d };
+        assert_eq!(Descriptor::decode(&unknown_flag.encode(), 4096), SlotState::Damaged);
     }
 
     #[test]
