@@ -340,7 +340,7 @@ impl Container {
     /// Current contents of several records, decoding the ones on the lower file in parallel.
     fn fetch(&self, records: &[u64]) -> FsResult<Vec<Arc<Vec<u8>>>> {
         let mut out: Vec<Option<Arc<Vec<u8>>>> = vec![None; records.len()];
-        let mut pending: Vec<(usize, DecompressRequest)> = Vec::new();
+        let mut pending: Vec<((usize, Descriptor), DecompressRequest)> = Vec::new();
         {
             let _io = self.slot_io.read();
             let mut st = self.state.lock();
@@ -354,24 +354,27 @@ impl Container {
             }
             drop(st);
             for (i, (slot, d)) in plans {
-                pending.push((i, self.read_slot(records[i], slot, &d)?));
+                pending.push(((i, d), self.read_slot(records[i], slot, &d)?));
             }
         }
-        let (slots, requests): (Vec<usize>, Vec<DecompressRequest>) = pending.into_iter().unzip();
+        let (planned, requests): (Vec<(usize, Descriptor)>, Vec<DecompressRequest>) = pending.into_iter().unzip();
         let results = self.engine.decompress_all(requests);
-        let mut st = None;
-        for (i, result) in slots.into_iter().zip(results) {
+        for ((i, planned), result) in planned.into_iter().zip(results) {
+            let record = records[i];
             out[i] = Some(match result {
                 Ok(buf) => {
                     let buf = Arc::new(buf);
-                    let st = st.get_or_insert_with(|| self.state.lock());
-                    self.remember_clean(st, records[i], &buf);
+                    // Cache it only if the record did not change while it was being decoded.
+                    let mut st = self.state.lock();
+                    let unchanged = !st.dirty.contains_key(&record)
+                        && !st.inflight.contains_key(&record)
+                        && self.pair(&mut st, record).ok().and_then(|p| candidates(&p).first().map(|c| c.1)) == Some(planned);
+                    if unchanged {
+                        self.remember_clean(&mut st, record, &buf);
+                    }
                     buf
                 }
-                Err(_) => {
-                    drop(st.take());
-                    self.fetch_slow(records[i])?
-                }
+                Err(_) => self.fetch_slow(record)?,
             });
         }
         Ok(out.into_iter().map(|b| b.expect("BUG: every record fetched")).collect())
