@@ -794,9 +794,10 @@ impl Container {
         st.clean.retain(|(r, _)| *r < first);
         st.unsynced.retain(|&r| r < first);
         st.stale = st.stale.range(..first).copied().collect();
-        // Records sharing the boundary group are cleared one by one; later groups are cut off.
-        let group_end = (first.div_ceil(GROUP_RECORDS)) * GROUP_RECORDS;
-        for record in first..group_end {
+        // Records sharing a table that stays (the boundary group's, and always group 0's, which
+        // lives in block 0) are cleared one by one; later groups are cut off with their tables.
+        let clear_end = if first > 0 && first % GROUP_RECORDS == 0 { first } else { (first / GROUP_RECORDS + 1) * GROUP_RECORDS };
+        for record in first..clear_end {
             let pair = self.pair(st, record)?;
             for (slot, s) in pair.iter().enumerate() {
                 if *s != SlotState::Empty {
@@ -806,12 +807,12 @@ impl Container {
                 }
             }
         }
-        let keep_len = self.layout.records_to_lower_len(group_end).max(HEADER_BLOCK);
+        let keep_len = if first == 0 { HEADER_BLOCK } else { self.layout.records_to_lower_len(first) };
         if self.lower.metadata()?.len() > keep_len {
             self.lower.set_len(keep_len)?;
         }
-        let first_group = group_end / GROUP_RECORDS;
-        st.tables.retain(|&g, _| g < first_group);
+        let kept_groups = clear_end / GROUP_RECORDS;
+        st.tables.retain(|&g, _| g < kept_groups);
         self.landed.notify_all();
         Ok(())
     }
