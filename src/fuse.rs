@@ -307,7 +307,7 @@ impl Filesystem for FuseAdapter {
     }
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
-        xattr_reply(reply, size, self.fs.getxattr(ino.0, name))
+        xattr_reply(reply, size, self.fs.getxattr(ino.0, name, size == 0))
     }
 
     fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {

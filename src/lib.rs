@@ -8,11 +8,13 @@
 //! - [`fuse`]: the thin FUSE adapter;
 //! - [`mount`]: the mount/umount commands (the CLI lives in main.rs).
 
+pub mod admin;
 pub mod checksum;
 pub mod codec;
 pub mod core;
 pub mod engine;
 pub mod format;
 pub mod fuse;
+pub mod inspect;
 pub mod logging;
 pub mod mount;

@@ -1,7 +1,8 @@
-//! The `densefs` command line.
+//! The `densefs` command line (also run as `mount.densefs` by mount(8)).
 
-use clap::{Parser, Subcommand};
-use std::path::PathBuf;
+use clap::{CommandFactory, Parser, Subcommand};
+use densefs::admin::{self, human, print_table, property_rows, ratio};
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 #[derive(Parser)]
@@ -22,7 +23,8 @@ enum Command {
     ///   min_savings=PCT   keep a compressed record only if it saves this much (default 12.5%)
     ///   threads=N         FUSE request threads
     ///   allow_other, ro, nosuid, nodev, noexec, noatime, ...  as for any mount
-    /// Settings apply to files created from now on; existing files keep theirs.
+    /// These are the root directory's defaults; `densefs set` overrides them below a directory.
+    /// Settings apply to files created from then on; existing files keep theirs.
     #[command(verbatim_doc_comment)]
     Mount {
         /// Stay in the foreground (logs to stderr).
@@ -39,17 +41,101 @@ enum Command {
     },
     /// Unmount a densefs mount, waiting until everything is written back.
     Umount { mountpoint: PathBuf },
+    /// Set properties on a directory: files created below it (until a deeper directory sets its
+    /// own) use them. Properties: compression, recordsize, min_savings, checksum.
+    Set {
+        /// PROPERTY=VALUE, e.g. compression=gzip-9
+        #[arg(required = true, num_args = 1..)]
+        assignments: Vec<String>,
+        directory: PathBuf,
+    },
+    /// Remove a directory's own value of a property, so it inherits its parent's again.
+    Inherit { property: String, directory: PathBuf },
+    /// Show properties and what compression did, like `zfs get`.
+    ///
+    /// Properties: compression, recordsize, min_savings, checksum (with SOURCE local, default or
+    /// inherited from PATH), and read-only: compressratio (logicalused / used), used (bytes on
+    /// the lower file system), logicalused (data stored, holes excluded), written (sizes as
+    /// `ls -l` shows them), records_ALG (records by how they are stored; raw and hole too) and
+    /// records_raw_low_savings (kept raw because compressing saved less than min_savings).
+    /// For a directory, statistics cover everything below it.
+    Get {
+        /// Scripted: no header, tab-separated.
+        #[arg(short = 'H')]
+        scripted: bool,
+        /// Exact numbers (bytes, plain ratios).
+        #[arg(short = 'p')]
+        parsable: bool,
+        /// Columns: name,property,value,source.
+        #[arg(short = 'o', value_delimiter = ',', default_value = "name,property,value,source")]
+        columns: Vec<String>,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+        /// all, or PROPERTY[,PROPERTY...]
+        properties: String,
+        #[arg(required = true, num_args = 1..)]
+        paths: Vec<PathBuf>,
+    },
+    /// List datasets (directories with their own properties) with space used, like `zfs list`.
+    List {
+        /// Also every dataset below PATH.
+        #[arg(short = 'r')]
+        recursive: bool,
+        #[arg(short = 'H')]
+        scripted: bool,
+        #[arg(short = 'p')]
+        parsable: bool,
+        #[arg(long)]
+        json: bool,
+        /// Default: every densefs mount.
+        paths: Vec<PathBuf>,
+    },
+    /// Show how one file is stored: sizes, ratio, records by algorithm.
+    Stat {
+        #[arg(long)]
+        json: bool,
+        #[arg(required = true, num_args = 1..)]
+        files: Vec<PathBuf>,
+    },
+    /// Read every record below PATH, verify its checksum and decoding, and list what is damaged.
+    /// Exits 1 if anything is.
+    Scrub {
+        #[arg(long)]
+        json: bool,
+        path: PathBuf,
+    },
+    /// Print shell completions (bash, zsh, fish, elvish, powershell) to stdout.
+    Completions { shell: clap_complete::Shell },
 }
 
 fn main() -> ExitCode {
+    let argv0 = std::env::args_os().next().map(PathBuf::from);
+    if argv0.as_deref().and_then(Path::file_name).is_some_and(|n| n == "mount.densefs") {
+        return finish(mount_helper(std::env::args().skip(1).collect()));
+    }
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Mount { foreground, options, log, lower, mountpoint } => {
-            densefs::mount::parse_mount_options(&options.join(","))
-                .and_then(|config| densefs::mount::mount(&lower, &mountpoint, config, foreground, log))
-        }
+        Command::Mount { foreground, options, log, lower, mountpoint } => densefs::mount::parse_mount_options(&options.join(","))
+            .and_then(|config| densefs::mount::mount(&lower, &mountpoint, config, foreground, log)),
         Command::Umount { mountpoint } => densefs::mount::umount(&mountpoint),
+        Command::Set { assignments, directory } => admin::set(&assignments, &directory),
+        Command::Inherit { property, directory } => admin::inherit(&property, &directory),
+        Command::Get { scripted, parsable, columns, json, properties, paths } => {
+            get(scripted, parsable, &columns, json, &properties, &paths)
+        }
+        Command::List { recursive, scripted, parsable, json, paths } => list(recursive, scripted, parsable, json, paths),
+        Command::Stat { json, files } => stat(json, &files),
+        Command::Scrub { json, path } => return scrub(json, &path),
+        Command::Completions { shell } => {
+            clap_complete::generate(shell, &mut Cli::command(), "densefs", &mut std::io::stdout());
+            Ok(())
+        }
     };
+    finish(result)
+}
+
+fn finish(result: Result<(), String>) -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -57,4 +143,193 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// mount(8) runs `mount.densefs LOWER MOUNTPOINT [-sfnv] [-o OPTIONS] [-t TYPE]`.
+fn mount_helper(args: Vec<String>) -> Result<(), String> {
+    let mut positional = Vec::new();
+    let mut options = Vec::new();
+    let mut it = args.into_iter();
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "-o" => options.push(it.next().ok_or("-o needs options")?),
+            "-t" | "-N" => {
+                it.next();
+            }
+            "-s" | "-f" | "-n" | "-v" => {}
+            _ if a.starts_with('-') => return Err(format!("mount.densefs: unknown flag {a}")),
+            _ => positional.push(a),
+        }
+    }
+    let [lower, mountpoint] = positional.as_slice() else {
+        return Err("usage: mount.densefs LOWER MOUNTPOINT [-o OPTIONS]".into());
+    };
+    let config = densefs::mount::parse_mount_options(&options.join(","))?;
+    densefs::mount::mount(Path::new(lower), Path::new(mountpoint), config, false, None)
+}
+
+fn get(scripted: bool, parsable: bool, columns: &[String], json: bool, properties: &str, paths: &[PathBuf]) -> Result<(), String> {
+    for c in columns {
+        if !["name", "property", "value", "source"].contains(&c.as_str()) {
+            return Err(format!("unknown column '{c}' (name, property, value, source)"));
+        }
+    }
+    let wanted: Vec<&str> = properties.split(',').collect();
+    let mut table = Vec::new();
+    let mut reports = Vec::new();
+    for path in paths {
+        let report = admin::report(path, "report")?;
+        let rows = property_rows(path, &report, parsable);
+        for w in &wanted {
+            if *w != "all" && !rows.iter().any(|r| r.property == *w) && !w.starts_with("records_") {
+                return Err(format!("unknown property '{w}'"));
+            }
+        }
+        for r in rows.into_iter().filter(|r| wanted.contains(&"all") || wanted.contains(&r.property.as_str())) {
+            let cells = columns
+                .iter()
+                .map(|c| match c.as_str() {
+                    "name" => r.name.clone(),
+                    "property" => r.property.clone(),
+                    "value" => r.value.clone(),
+                    _ => r.source.clone(),
+                })
+                .collect::<Vec<_>>();
+            reports.push(serde_json::json!({"name": r.name, "property": r.property, "value": r.value, "source": r.source}));
+            table.push(cells);
+        }
+    }
+    if json {
+        println!("{}", serde_json::to_string_pretty(&reports).expect("BUG: JSON"));
+    } else {
+        let header: Vec<String> = columns.iter().map(|c| c.to_uppercase()).collect();
+        print_table(&header.iter().map(String::as_str).collect::<Vec<_>>(), &table, scripted);
+    }
+    Ok(())
+}
+
+fn densefs_mounts() -> Vec<PathBuf> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    info.lines()
+        .filter_map(|l| l.split(' ').nth(4).map(|p| PathBuf::from(p.replace("\\040", " "))))
+        .filter(|p| densefs::mount::mount_source(p).is_some())
+        .collect()
+}
+
+fn list(recursive: bool, scripted: bool, parsable: bool, json: bool, paths: Vec<PathBuf>) -> Result<(), String> {
+    let paths = if paths.is_empty() { densefs_mounts() } else { paths };
+    let mut rows = Vec::new();
+    let mut out = Vec::new();
+    for path in &paths {
+        let report = admin::report(path, if recursive { "datasets" } else { "report" })?;
+        let mount = admin::mountpoint_of(path);
+        let compression_of = |p: &Path| -> String {
+            admin::report(p, "report").ok().and_then(|r| r["properties"]["compression"]["value"].as_str().map(String::from)).unwrap_or("-".into())
+        };
+        let mut entries = vec![(path.clone(), report["stats"].clone(), compression_of(path))];
+        let mut datasets: Vec<&serde_json::Value> = report["datasets"].as_array().into_iter().flatten().collect();
+        datasets.sort_by_key(|d| d["path"].as_str().unwrap_or("").to_string());
+        for d in datasets {
+            let rel = d["path"].as_str().unwrap_or("/");
+            let full = match &mount {
+                Some(m) => m.join(rel.trim_start_matches('/')),
+                None => PathBuf::from(rel),
+            };
+            let c = compression_of(&full);
+            entries.push((full, d["stats"].clone(), c));
+        }
+        for (name, stats, compression) in entries {
+            let size = |k: &str| {
+                let n = stats[k].as_u64().unwrap_or(0);
+                if parsable { n.to_string() } else { human(n) }
+            };
+            let r = ratio(&stats);
+            rows.push(vec![
+                name.display().to_string(),
+                size("used"),
+                size("logicalused"),
+                if parsable { format!("{r:.2}") } else { format!("{r:.2}x") },
+                compression.clone(),
+            ]);
+            out.push(serde_json::json!({"name": name, "used": stats["used"], "logicalused": stats["logicalused"], "compressratio": r, "compression": compression}));
+        }
+    }
+    if json {
+        println!("{}", serde_json::to_string_pretty(&out).expect("BUG: JSON"));
+    } else {
+        print_table(&["NAME", "USED", "LOGICAL", "RATIO", "COMPRESSION"], &rows, scripted);
+    }
+    Ok(())
+}
+
+fn stat(json: bool, files: &[PathBuf]) -> Result<(), String> {
+    let mut all = Vec::new();
+    for file in files {
+        let report = admin::report(file, "report")?;
+        if report["kind"] != "file" {
+            return Err(format!("{}: not a regular file (use densefs get for directories)", file.display()));
+        }
+        if json {
+            all.push(report);
+            continue;
+        }
+        let stats = &report["stats"];
+        let n = |k: &str| stats[k].as_u64().unwrap_or(0);
+        println!("  File: {}", file.display());
+        println!("  Size: {} logical ({} stored data), {} on disk, ratio {:.2}x", n("written"), n("logicalused"), n("used"), ratio(stats));
+        match report["properties"]["compression"]["value"].as_str() {
+            Some(c) => println!("  Stored as: container, compression {c}, record size {}", report["properties"]["recordsize"]["value"].as_str().unwrap_or("-")),
+            None => println!("  Stored as: plain file (written before densefs, or left as it was)"),
+        }
+        let records: Vec<String> =
+            stats["records"].as_object().into_iter().flatten().map(|(k, v)| format!("{k} {v}")).collect();
+        if !records.is_empty() {
+            println!("  Records: {} (raw because too little was saved: {})", records.join(", "), n("raw_low_savings"));
+        }
+        for p in report["problems"].as_array().into_iter().flatten() {
+            println!("  Problem: record {}: {}", p["record"], p["problem"].as_str().unwrap_or(""));
+        }
+    }
+    if json {
+        println!("{}", serde_json::to_string_pretty(&all).expect("BUG: JSON"));
+    }
+    Ok(())
+}
+
+fn scrub(json: bool, path: &Path) -> ExitCode {
+    let report = match admin::report(path, "scrub") {
+        Ok(r) => r,
+        Err(e) => return finish(Err(e)),
+    };
+    let count = report["problem_count"].as_u64().unwrap_or(0);
+    if json {
+        println!("{}", serde_json::to_string_pretty(&report).expect("BUG: JSON"));
+    } else {
+        let mount = admin::mountpoint_of(path);
+        for p in report["problems"].as_array().into_iter().flatten() {
+            let rel = p["path"].as_str().unwrap_or("?");
+            let shown = match &mount {
+                Some(m) if rel == "/" => m.display().to_string(),
+                Some(m) => m.join(rel.trim_start_matches('/')).display().to_string(),
+                None => rel.to_string(),
+            };
+            let record = match p["record"].as_u64() {
+                Some(r) => format!("record {r}"),
+                None => "file".to_string(),
+            };
+            println!("{shown}: {record}: {}", p["problem"].as_str().unwrap_or(""));
+        }
+        let listed = report["problems"].as_array().map_or(0, Vec::len) as u64;
+        if count > listed {
+            println!("... and {} more", count - listed);
+        }
+        println!(
+            "scrubbed {} files ({} compressed) in {} directories: {}",
+            report["files"],
+            report["containers"],
+            report["directories"],
+            if count == 0 { "no problems".to_string() } else { format!("{count} problems") }
+        );
+    }
+    if count == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE }
 }

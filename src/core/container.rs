@@ -20,7 +20,7 @@ use crate::checksum::ChecksumKind;
 use crate::codec::Compression;
 use crate::engine::{CompressRequest, DecompressRequest, Encoded, Engine, EngineError, Job, MinSavings, Output, Work};
 use crate::format::layout::{round_up_block, GROUP_RECORDS, HEADER_BLOCK, INLINE_CAPACITY, INLINE_OFF, TABLE_SIZE};
-use crate::format::{Descriptor, Header, Layout, SlotState, DESCRIPTOR_SIZE, FLAG_INLINE};
+use crate::format::{decode_table, newest_first, Descriptor, Header, Layout, Pair, SlotState, DESCRIPTOR_SIZE, FLAG_INLINE};
 use parking_lot::{Condvar, Mutex, MutexGuard, RwLock, RwLockReadGuard};
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::fs::File;
@@ -34,7 +34,6 @@ const INFLIGHT_LIMIT: usize = 64 << 20;
 /// Decoded records kept for small reads that hit the same record again.
 const CLEAN_CACHE_RECORDS: usize = 16;
 
-type Pair = [SlotState; 2];
 
 /// What new container files are created with.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -136,20 +135,6 @@ impl State {
     }
 }
 
-/// The newest valid slot first.
-fn candidates(pair: &Pair) -> Vec<(usize, Descriptor)> {
-    let mut valid: Vec<(usize, Descriptor)> = pair
-        .iter()
-        .enumerate()
-        .filter_map(|(i, s)| match s {
-            SlotState::Valid(d) => Some((i, *d)),
-            _ => None,
-        })
-        .collect();
-    valid.sort_by_key(|(_, d)| std::cmp::Reverse(d.generation));
-    valid
-}
-
 impl Container {
     /// Reads the header block of a lower file: `None` if it is a plain file.
     pub fn probe(file: &File) -> Result<Option<Header>, crate::format::FormatError> {
@@ -227,33 +212,19 @@ impl Container {
         if let Some(table) = st.tables.get(&group) {
             return Ok(table[index]);
         }
-        {
-            let mut block = vec![0u8; TABLE_SIZE as usize];
-            lower::pread_full(&self.lower, &mut block, self.layout.group_to_table_off(group))?;
-            let rs = self.layout.record_size();
-            let mut table: Box<[Pair]> = block
-                .chunks_exact(2 * DESCRIPTOR_SIZE)
-                .map(|e| [Descriptor::decode(&e[..DESCRIPTOR_SIZE], rs), Descriptor::decode(&e[DESCRIPTOR_SIZE..], rs)])
-                .collect();
-            // Only record 0's slot 0 may be inline.
-            for (i, pair) in table.iter_mut().enumerate() {
-                for (slot, s) in pair.iter_mut().enumerate() {
-                    if matches!(s, SlotState::Valid(d) if d.is_inline()) && (group, i, slot) != (0, 0, 0) {
-                        *s = SlotState::Damaged;
-                    }
+        let mut block = vec![0u8; TABLE_SIZE as usize];
+        lower::pread_full(&self.lower, &mut block, self.layout.group_to_table_off(group))?;
+        let table = decode_table(&block, group, self.layout);
+        for (i, pair) in table.iter().enumerate() {
+            for (slot, s) in pair.iter().enumerate() {
+                if *s == SlotState::Damaged {
+                    warn!(file = %self.label, record = group * GROUP_RECORDS + i as u64, slot, "damaged slot descriptor ignored");
                 }
             }
-            for (i, pair) in table.iter().enumerate() {
-                for (slot, s) in pair.iter().enumerate() {
-                    if *s == SlotState::Damaged {
-                        warn!(file = %self.label, record = group * GROUP_RECORDS + i as u64, slot, "damaged slot descriptor ignored");
-                    }
-                }
-            }
-            let pair = table[index];
-            st.tables.insert(group, table);
-            Ok(pair)
         }
+        let pair = table[index];
+        st.tables.insert(group, table);
+        Ok(pair)
     }
 
     fn set_descriptor(&self, st: &mut State, record: u64, slot: usize, state: SlotState) -> FsResult<()> {
@@ -281,7 +252,7 @@ impl Container {
         if let Some((_, buf)) = st.clean.iter().find(|(r, _)| *r == record) {
             return Ok(Source::Memory(buf.clone()));
         }
-        let found = candidates(&self.pair(st, record)?);
+        let found = newest_first(&self.pair(st, record)?);
         Ok(if found.is_empty() { Source::Absent } else { Source::Lower { candidates: found } })
     }
 
@@ -368,7 +339,7 @@ impl Container {
                     let mut st = self.state.lock();
                     let unchanged = !st.dirty.contains_key(&record)
                         && !st.inflight.contains_key(&record)
-                        && self.pair(&mut st, record).ok().and_then(|p| candidates(&p).first().map(|c| c.1)) == Some(planned);
+                        && self.pair(&mut st, record).ok().and_then(|p| newest_first(&p).first().map(|c| c.1)) == Some(planned);
                     if unchanged {
                         self.remember_clean(&mut st, record, &buf);
                     }
@@ -432,7 +403,7 @@ impl Container {
                 return Ok(());
             }
             // Insert only if nothing changed the record while we read it; else look again.
-            if !st.inflight.contains_key(&record) && candidates(&self.pair(&mut st, record)?) == seen {
+            if !st.inflight.contains_key(&record) && newest_first(&self.pair(&mut st, record)?) == seen {
                 self.put_trimmed(&mut st, record, &buf);
                 return Ok(());
             }
@@ -588,7 +559,7 @@ impl Container {
 
     fn write_record(&self, st: &mut State, record: u64, encoded: &Encoded) -> FsResult<()> {
         let pair = self.pair(st, record)?;
-        let found = candidates(&pair);
+        let found = newest_first(&pair);
         let target = match found.first() {
             None => 0,
             Some(&(current, _)) => {
@@ -727,7 +698,7 @@ impl Container {
                 continue;
             }
             let pair = self.pair(&mut st, record)?;
-            let Some(&(current, _)) = candidates(&pair).first() else { continue };
+            let Some(&(current, _)) = newest_first(&pair).first() else { continue };
             let other = 1 - current;
             if pair[other] != SlotState::Empty {
                 self.set_descriptor(&mut st, record, other, SlotState::Empty)?;
@@ -854,7 +825,7 @@ impl Container {
         for record in self.layout.plain_off_to_record(offset)..records {
             let is_data = st.dirty.contains_key(&record)
                 || st.inflight.contains_key(&record)
-                || candidates(&self.pair(&mut st, record)?).first().is_some_and(|(_, d)| !d.is_hole());
+                || newest_first(&self.pair(&mut st, record)?).first().is_some_and(|(_, d)| !d.is_hole());
             if is_data == want_data {
                 return Ok(offset.max(self.layout.record_to_plain_off(record)));
             }

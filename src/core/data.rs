@@ -64,12 +64,14 @@ impl DenseFs {
             Err(e) => return Err(e.into()),
         };
         let label = self.label(inode);
+        // The properties of the directory the file is in decide how it is written.
+        let settings = self.settings_in(self.inodes.parent_of(inode.nodeid).unwrap_or(super::ROOT));
         match Container::probe(&file) {
             Ok(Some(header)) => {
-                Ok(Content::Container(Arc::new(Container::open(file, header, self.options.min_savings, self.engine.clone(), label))))
+                Ok(Content::Container(Arc::new(Container::open(file, header, settings.min_savings, self.engine.clone(), label))))
             }
             Ok(None) if writable && file.metadata()?.len() == 0 => {
-                let c = Container::create(file, self.create_settings(), self.options.min_savings, self.engine.clone(), label)?;
+                let c = Container::create(file, Self::create_settings(&settings), settings.min_savings, self.engine.clone(), label)?;
                 Ok(Content::Container(Arc::new(c)))
             }
             Ok(None) => Ok(Content::Plain(Arc::new(file))),
@@ -108,6 +110,9 @@ impl DenseFs {
     }
 
     pub fn create(&self, parent: u64, name: &OsStr, mode: u32, flags: i32, caller: Caller) -> FsResult<(Attr, u64)> {
+        if super::props::is_reserved_name(name) {
+            return Err(FsError::new(libc::EPERM, "name reserved by densefs"));
+        }
         let dir = self.inode(parent)?;
         let c = cstr(name)?;
         let lower_flags = libc::O_CREAT | libc::O_RDWR | libc::O_NOFOLLOW | libc::O_CLOEXEC | (flags & libc::O_EXCL);

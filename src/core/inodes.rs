@@ -270,6 +270,11 @@ impl InodeTable {
         }
     }
 
+    /// The directory an inode was last seen in (the root is its own parent).
+    pub fn parent_of(&self, nodeid: u64) -> Option<u64> {
+        self.get(nodeid).map(|inode| inode.place.lock().parent)
+    }
+
     pub fn forget(&self, nodeid: u64, n: u64) {
         if nodeid == ROOT {
             return;

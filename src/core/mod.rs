@@ -11,6 +11,8 @@ pub mod error;
 mod inodes;
 pub mod lower;
 mod namespace;
+pub mod props;
+mod report;
 mod xattr;
 
 use crate::checksum::ChecksumKind;
@@ -28,6 +30,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 pub use inodes::ROOT;
+pub use report::{Effective, Source};
 
 /// What the mount was asked for; applies to files created from now on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -123,11 +126,15 @@ enum Handle {
 
 pub struct DenseFs {
     options: Options,
+    /// The lower directory's path, for mount-relative names in reports.
+    lower_root: std::path::PathBuf,
     engine: Arc<Engine>,
     inodes: InodeTable,
     handles: Mutex<HashMap<u64, Arc<Handle>>>,
     next_handle: AtomicU64,
     is_root: bool,
+    /// The last report computed for a size probe: (node, name, when, JSON).
+    last_report: Mutex<Option<(u64, String, std::time::Instant, Vec<u8>)>>,
 }
 
 fn time(sec: i64, nsec: i64) -> SystemTime {
@@ -157,11 +164,13 @@ impl DenseFs {
         }
         Ok(DenseFs {
             options,
+            lower_root: std::fs::canonicalize(lower_root).unwrap_or_else(|_| lower_root.to_path_buf()),
             engine,
             inodes: InodeTable::new(fd, st.st_dev, st.st_ino, fd_budget()),
             handles: Mutex::new(HashMap::new()),
             next_handle: AtomicU64::new(1),
             is_root: unsafe { libc::geteuid() } == 0,
+            last_report: Mutex::new(None),
         })
     }
 
@@ -183,8 +192,8 @@ impl DenseFs {
         self.handles.lock().get(&fh).cloned().ok_or_else(|| FsError::new(libc::EBADF, format!("unknown handle {fh}")))
     }
 
-    fn create_settings(&self) -> CreateSettings {
-        CreateSettings { compression: self.options.compression, layout: self.options.layout, checksum: self.options.checksum }
+    fn create_settings(options: &Options) -> CreateSettings {
+        CreateSettings { compression: options.compression, layout: options.layout, checksum: options.checksum }
     }
 
     fn label(&self, inode: &Node) -> String {

@@ -9,9 +9,15 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+/// Names densefs keeps in the lower tree (its property file) do not exist through the mount.
+fn hidden(name: &OsStr, errno: i32) -> FsResult<()> {
+    if super::props::is_reserved_name(name) { Err(FsError::new(errno, "name reserved by densefs")) } else { Ok(()) }
+}
+
 impl DenseFs {
     /// Looks a name up and registers the kernel's reference to it.
     pub fn lookup(&self, parent: u64, name: &OsStr) -> FsResult<Attr> {
+        hidden(name, libc::ENOENT)?;
         let dir = self.inode(parent)?;
         let fd = lower::open_path(dir.raw_fd(), name)?;
         let st = lower::stat_fd(fd.as_raw_fd())?;
@@ -39,6 +45,7 @@ impl DenseFs {
     }
 
     pub fn mkdir(&self, parent: u64, name: &OsStr, mode: u32, caller: Caller) -> FsResult<Attr> {
+        hidden(name, libc::EPERM)?;
         let dir = self.inode(parent)?;
         let c = cstr(name)?;
         check(unsafe { libc::mkdirat(dir.raw_fd(), c.as_ptr(), mode as libc::mode_t) })?;
@@ -46,6 +53,7 @@ impl DenseFs {
     }
 
     pub fn mknod(&self, parent: u64, name: &OsStr, mode: u32, rdev: u32, caller: Caller) -> FsResult<Attr> {
+        hidden(name, libc::EPERM)?;
         let dir = self.inode(parent)?;
         let c = cstr(name)?;
         check(unsafe { libc::mknodat(dir.raw_fd(), c.as_ptr(), mode as libc::mode_t, rdev as libc::dev_t) })?;
@@ -53,6 +61,7 @@ impl DenseFs {
     }
 
     pub fn symlink(&self, parent: u64, name: &OsStr, target: &Path, caller: Caller) -> FsResult<Attr> {
+        hidden(name, libc::EPERM)?;
         let dir = self.inode(parent)?;
         let c = cstr(name)?;
         let t = cstr(target.as_os_str())?;
@@ -71,6 +80,7 @@ impl DenseFs {
     }
 
     pub fn unlink(&self, parent: u64, name: &OsStr) -> FsResult<()> {
+        hidden(name, libc::ENOENT)?;
         let dir = self.inode(parent)?;
         let c = cstr(name)?;
         check(unsafe { libc::unlinkat(dir.raw_fd(), c.as_ptr(), 0) })?;
@@ -86,6 +96,8 @@ impl DenseFs {
 
     /// rename(2) with renameat2's flags (RENAME_NOREPLACE, RENAME_EXCHANGE) passed to the lower.
     pub fn rename(&self, parent: u64, name: &OsStr, new_parent: u64, new_name: &OsStr, flags: u32) -> FsResult<()> {
+        hidden(name, libc::ENOENT)?;
+        hidden(new_name, libc::EPERM)?;
         let from = self.inode(parent)?;
         let to = self.inode(new_parent)?;
         let a = cstr(name)?;
@@ -114,6 +126,7 @@ impl DenseFs {
     }
 
     pub fn link(&self, nodeid: u64, new_parent: u64, new_name: &OsStr) -> FsResult<Attr> {
+        hidden(new_name, libc::EPERM)?;
         let inode = self.inode(nodeid)?;
         let dir = self.inode(new_parent)?;
         let c = cstr(new_name)?;
@@ -142,6 +155,9 @@ impl DenseFs {
             let ent = unsafe { &*ent };
             let name = unsafe { std::ffi::CStr::from_ptr(ent.d_name.as_ptr()) };
             let name = OsStr::from_bytes(name.to_bytes()).to_os_string();
+            if super::props::is_reserved_name(&name) {
+                continue;
+            }
             let kind = match ent.d_type {
                 libc::DT_DIR => Kind::Dir,
                 libc::DT_LNK => Kind::Symlink,

@@ -1,11 +1,26 @@
 //! Extended attributes, passed through to the lower inode. Symlinks carry none (Linux allows
 //! only trusted.* and security.* on them, and the daemon cannot reach a symlink without
 //! following it through /proc).
+//!
+//! The `user.densefs.` namespace is densefs's own and never reaches the lower inode: it is how
+//! the `densefs` command talks to the daemon.
+//! - `user.densefs.<property>`: read the effective value; set it (directories); remove it
+//!   (inherit again);
+//! - `user.densefs.report`, `.scrub`, `.datasets` (read-only): JSON reports (see report.rs).
 
 use super::error::check;
 use super::lower::{self, cstr};
+use super::props::{PROPS_XATTR, XATTR_PREFIX};
 use super::{DenseFs, FsError, FsResult};
 use std::ffi::{CString, OsStr};
+use std::time::{Duration, Instant};
+
+/// A report computed for a size probe is served to the read that follows it.
+const REPORT_REUSE: Duration = Duration::from_secs(10);
+
+fn own_name(name: &OsStr) -> Option<&str> {
+    name.to_str().and_then(|n| n.strip_prefix(XATTR_PREFIX))
+}
 
 impl DenseFs {
     fn xattr_target(&self, nodeid: u64) -> FsResult<Option<CString>> {
@@ -16,8 +31,41 @@ impl DenseFs {
         Ok(Some(lower::proc_path(inode.raw_fd())))
     }
 
-    /// Reads a whole value (sized by asking the lower first).
-    pub fn getxattr(&self, nodeid: u64, name: &OsStr) -> FsResult<Vec<u8>> {
+    fn own_getxattr(&self, nodeid: u64, key: &str, probe: bool) -> FsResult<Vec<u8>> {
+        let (verify, datasets) = match key {
+            "report" => (false, false),
+            "scrub" => (true, false),
+            "datasets" => (false, true),
+            "props" => return Err(FsError::errno(libc::ENODATA)),
+            prop => return self.property_value(nodeid, prop).map(String::into_bytes),
+        };
+        let mut cache = self.last_report.lock();
+        if let Some((id, k, at, value)) = cache.as_ref() {
+            if *id == nodeid && k == key && at.elapsed() < REPORT_REUSE {
+                let value = value.clone();
+                if !probe {
+                    *cache = None;
+                }
+                return Ok(value);
+            }
+        }
+        drop(cache);
+        let value = self.report(nodeid, verify, datasets)?.into_bytes();
+        if value.len() > 65536 {
+            return Err(FsError::new(libc::E2BIG, "report larger than an xattr value"));
+        }
+        if probe {
+            *self.last_report.lock() = Some((nodeid, key.to_string(), Instant::now(), value.clone()));
+        }
+        Ok(value)
+    }
+
+    /// Reads a whole value (sized by asking the lower first). `probe`: the caller only wants the
+    /// size and will ask again.
+    pub fn getxattr(&self, nodeid: u64, name: &OsStr, probe: bool) -> FsResult<Vec<u8>> {
+        if let Some(key) = own_name(name) {
+            return self.own_getxattr(nodeid, key, probe);
+        }
         let Some(path) = self.xattr_target(nodeid)? else { return Err(FsError::errno(libc::ENODATA)) };
         let name = cstr(name)?;
         loop {
@@ -45,7 +93,7 @@ impl DenseFs {
             match check(unsafe { libc::listxattr(path.as_ptr(), buf.as_mut_ptr() as *mut libc::c_char, buf.len()) as libc::c_int }) {
                 Ok(n) => {
                     buf.truncate(n as usize);
-                    return Ok(buf);
+                    return Ok(hide_own_names(&buf));
                 }
                 Err(e) if e.raw_os_error() == Some(libc::ERANGE) => continue,
                 Err(e) => return Err(e.into()),
@@ -54,6 +102,10 @@ impl DenseFs {
     }
 
     pub fn setxattr(&self, nodeid: u64, name: &OsStr, value: &[u8], flags: i32) -> FsResult<()> {
+        if let Some(key) = own_name(name) {
+            let value = std::str::from_utf8(value).map_err(|_| FsError::new(libc::EINVAL, "property values are text"))?;
+            return self.set_property(nodeid, key, Some(value.trim()));
+        }
         let Some(path) = self.xattr_target(nodeid)? else { return Err(FsError::errno(libc::EPERM)) };
         let name = cstr(name)?;
         check(unsafe {
@@ -63,9 +115,24 @@ impl DenseFs {
     }
 
     pub fn removexattr(&self, nodeid: u64, name: &OsStr) -> FsResult<()> {
+        if let Some(key) = own_name(name) {
+            return self.set_property(nodeid, key, None);
+        }
         let Some(path) = self.xattr_target(nodeid)? else { return Err(FsError::errno(libc::ENODATA)) };
         let name = cstr(name)?;
         check(unsafe { libc::removexattr(path.as_ptr(), name.as_ptr()) })?;
         Ok(())
     }
+}
+
+/// Drops densefs's own names from a NUL-separated xattr name list.
+fn hide_own_names(list: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(list.len());
+    for name in list.split(|&b| b == 0).filter(|n| !n.is_empty()) {
+        if !name.starts_with(XATTR_PREFIX.as_bytes()) && name != PROPS_XATTR.as_bytes() {
+            out.extend_from_slice(name);
+            out.push(0);
+        }
+    }
+    out
 }

@@ -237,6 +237,41 @@ impl Descriptor {
     }
 }
 
+/// The two slot descriptors of one record.
+pub type Pair = [SlotState; 2];
+
+/// Decodes a group's table (TABLE_SIZE bytes). Descriptors that break a rule only the table's
+/// position reveals (inline anywhere but record 0's slot 0) are damaged too.
+pub fn decode_table(block: &[u8], group: u64, layout: Layout) -> Box<[Pair]> {
+    let rs = layout.record_size();
+    let mut table: Box<[Pair]> = block
+        .chunks_exact(2 * DESCRIPTOR_SIZE)
+        .map(|e| [Descriptor::decode(&e[..DESCRIPTOR_SIZE], rs), Descriptor::decode(&e[DESCRIPTOR_SIZE..], rs)])
+        .collect();
+    for (i, pair) in table.iter_mut().enumerate() {
+        for (slot, s) in pair.iter_mut().enumerate() {
+            if matches!(s, SlotState::Valid(d) if d.is_inline()) && (group, i, slot) != (0, 0, 0) {
+                *s = SlotState::Damaged;
+            }
+        }
+    }
+    table
+}
+
+/// A record's valid copies, newest (current) first.
+pub fn newest_first(pair: &Pair) -> Vec<(usize, Descriptor)> {
+    let mut valid: Vec<(usize, Descriptor)> = pair
+        .iter()
+        .enumerate()
+        .filter_map(|(i, s)| match s {
+            SlotState::Valid(d) => Some((i, *d)),
+            _ => None,
+        })
+        .collect();
+    valid.sort_by_key(|(_, d)| std::cmp::Reverse(d.generation));
+    valid
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

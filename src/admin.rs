@@ -1,0 +1,219 @@
+//! `densefs set/inherit/get/list/stat/scrub`: the commands that look at and change a mounted
+//! densefs through its paths. They talk to the daemon with extended attributes in the
+//! `user.densefs.` namespace (see core/xattr.rs), so they work for any user the mount lets in.
+
+use crate::core::props::{LocalProps, SETTABLE, XATTR_PREFIX};
+use serde_json::Value;
+use std::ffi::CString;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+
+fn cpath(p: &Path) -> Result<CString, String> {
+    CString::new(p.as_os_str().as_bytes()).map_err(|_| format!("{}: bad path", p.display()))
+}
+
+fn xattr_name(key: &str) -> CString {
+    CString::new(format!("{XATTR_PREFIX}{key}")).expect("BUG: no NUL in property names")
+}
+
+fn os_error(path: &Path, what: &str) -> String {
+    let e = std::io::Error::last_os_error();
+    match e.raw_os_error() {
+        Some(libc::ENOTSUP) | Some(libc::ENODATA) => format!("{}: not on a densefs mount", path.display()),
+        _ => format!("{}: {what}: {e}", path.display()),
+    }
+}
+
+fn get_xattr(path: &Path, key: &str) -> Result<Vec<u8>, String> {
+    let p = cpath(path)?;
+    let name = xattr_name(key);
+    loop {
+        let n = unsafe { libc::getxattr(p.as_ptr(), name.as_ptr(), std::ptr::null_mut(), 0) };
+        if n < 0 {
+            return Err(os_error(path, "cannot ask densefs"));
+        }
+        let mut buf = vec![0u8; n as usize];
+        let m = unsafe { libc::getxattr(p.as_ptr(), name.as_ptr(), buf.as_mut_ptr() as *mut libc::c_void, buf.len()) };
+        if m >= 0 {
+            buf.truncate(m as usize);
+            return Ok(buf);
+        }
+        if std::io::Error::last_os_error().raw_os_error() != Some(libc::ERANGE) {
+            return Err(os_error(path, "cannot ask densefs"));
+        }
+    }
+}
+
+/// The daemon's JSON report on a path (`report`, `scrub` or `datasets`).
+pub fn report(path: &Path, kind: &str) -> Result<Value, String> {
+    let bytes = get_xattr(path, kind)?;
+    serde_json::from_slice(&bytes).map_err(|e| format!("{}: unreadable report from densefs: {e}", path.display()))
+}
+
+/// `densefs set PROP=VALUE... DIR`
+pub fn set(assignments: &[String], dir: &Path) -> Result<(), String> {
+    let p = cpath(dir)?;
+    for a in assignments {
+        let (name, value) = a.split_once('=').ok_or_else(|| format!("'{a}': expected PROPERTY=VALUE"))?;
+        // Check here too, for a message better than EINVAL.
+        LocalProps::default().set(name, value)?;
+        if !dir.is_dir() {
+            return Err(format!("{}: properties are set on directories", dir.display()));
+        }
+        let r = unsafe { libc::setxattr(p.as_ptr(), xattr_name(name).as_ptr(), value.as_ptr() as *const libc::c_void, value.len(), 0) };
+        if r != 0 {
+            return Err(os_error(dir, &format!("cannot set {name}")));
+        }
+    }
+    Ok(())
+}
+
+/// `densefs inherit PROP DIR`
+pub fn inherit(name: &str, dir: &Path) -> Result<(), String> {
+    if !SETTABLE.contains(&name) {
+        return Err(format!("'{name}' cannot be inherited (settable: {})", SETTABLE.join(", ")));
+    }
+    let p = cpath(dir)?;
+    let r = unsafe { libc::removexattr(p.as_ptr(), xattr_name(name).as_ptr()) };
+    if r != 0 && std::io::Error::last_os_error().raw_os_error() != Some(libc::ENODATA) {
+        return Err(os_error(dir, &format!("cannot inherit {name}")));
+    }
+    Ok(())
+}
+
+/// Sizes as ZFS prints them: 512B, 12.5K, 1.21G.
+pub fn human(bytes: u64) -> String {
+    const UNITS: [&str; 6] = ["B", "K", "M", "G", "T", "P"];
+    let mut v = bytes as f64;
+    let mut unit = 0;
+    while v >= 1024.0 && unit < UNITS.len() - 1 {
+        v /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{bytes}B")
+    } else if v >= 100.0 {
+        format!("{v:.0}{}", UNITS[unit])
+    } else if v >= 10.0 {
+        format!("{v:.1}{}", UNITS[unit])
+    } else {
+        format!("{v:.2}{}", UNITS[unit])
+    }
+}
+
+/// logical / physical, as ZFS's `compressratio` (1.00x when nothing is stored).
+pub fn ratio(stats: &Value) -> f64 {
+    let logical = stats["logicalused"].as_u64().unwrap_or(0) as f64;
+    let used = stats["used"].as_u64().unwrap_or(0) as f64;
+    if used == 0.0 || logical == 0.0 { 1.0 } else { logical / used }
+}
+
+/// The mount point of the densefs mount holding `path`, if any.
+pub fn mountpoint_of(path: &Path) -> Option<PathBuf> {
+    let path = std::fs::canonicalize(path).ok()?;
+    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    info.lines()
+        .filter_map(|line| {
+            let fields: Vec<&str> = line.split(' ').collect();
+            let point = PathBuf::from(fields.get(4)?.replace("\\040", " "));
+            crate::mount::mount_source(&point)?;
+            path.starts_with(&point).then_some(point)
+        })
+        .max_by_key(|p| p.as_os_str().len())
+}
+
+/// A mount-relative path from a report, shown as a full path.
+fn full_path(mount: &Option<PathBuf>, rel: &str) -> String {
+    match mount {
+        Some(m) if rel == "/" => m.display().to_string(),
+        Some(m) => m.join(rel.trim_start_matches('/')).display().to_string(),
+        None => rel.to_string(),
+    }
+}
+
+pub struct Row {
+    pub name: String,
+    pub property: String,
+    pub value: String,
+    pub source: String,
+}
+
+/// The (property, value, source) rows `densefs get` shows for one path.
+pub fn property_rows(path: &Path, report: &Value, parsable: bool) -> Vec<Row> {
+    let mount = mountpoint_of(path);
+    let name = path.display().to_string();
+    let mut rows = Vec::new();
+    let mut push = |property: &str, value: String, source: String| {
+        rows.push(Row { name: name.clone(), property: property.to_string(), value, source })
+    };
+    if let Some(props) = report["properties"].as_object() {
+        for p in SETTABLE {
+            if let Some(entry) = props.get(p) {
+                let source = entry["source"].as_str().unwrap_or("-");
+                let source = match source.strip_prefix("inherited from ") {
+                    Some(rel) => format!("inherited from {}", full_path(&mount, rel)),
+                    None => source.to_string(),
+                };
+                push(p, entry["value"].as_str().unwrap_or("-").to_string(), source);
+            }
+        }
+    }
+    let stats = &report["stats"];
+    let size = |key: &str| {
+        let n = stats[key].as_u64().unwrap_or(0);
+        if parsable { n.to_string() } else { human(n) }
+    };
+    let r = ratio(stats);
+    push("compressratio", if parsable { format!("{r:.2}") } else { format!("{r:.2}x") }, "-".into());
+    push("used", size("used"), "-".into());
+    push("logicalused", size("logicalused"), "-".into());
+    push("written", size("written"), "-".into());
+    if let Some(records) = stats["records"].as_object() {
+        for (alg, n) in records {
+            push(&format!("records_{alg}"), n.to_string(), "-".into());
+        }
+    }
+    push("records_raw_low_savings", stats["raw_low_savings"].as_u64().unwrap_or(0).to_string(), "-".into());
+    rows
+}
+
+pub fn print_table(header: &[&str], rows: &[Vec<String>], scripted: bool) {
+    if scripted {
+        for r in rows {
+            println!("{}", r.join("\t"));
+        }
+        return;
+    }
+    let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
+    for r in rows {
+        for (w, c) in widths.iter_mut().zip(r) {
+            *w = (*w).max(c.len());
+        }
+    }
+    let line = |cells: Vec<&str>| {
+        let mut out = String::new();
+        for (i, (c, w)) in cells.iter().zip(&widths).enumerate() {
+            if i + 1 == cells.len() { out.push_str(c) } else { out.push_str(&format!("{c:<w$}  ")) }
+        }
+        println!("{}", out.trim_end());
+    };
+    line(header.to_vec());
+    for r in rows {
+        line(r.iter().map(String::as_str).collect());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_print_like_zfs() {
+        assert_eq!(human(512), "512B");
+        assert_eq!(human(12_800), "12.5K");
+        assert_eq!(human(1_300_000_000), "1.21G");
+        assert_eq!(human(200 << 20), "200M");
+        assert_eq!(ratio(&serde_json::json!({"logicalused": 300, "used": 100})), 3.0);
+        assert_eq!(ratio(&serde_json::json!({"logicalused": 0, "used": 0})), 1.0);
+    }
+}

@@ -1,0 +1,269 @@
+//! What `densefs get/list/stat/scrub` ask the daemon: effective properties with their sources,
+//! and statistics recomputed from the lower files (so they are right after any crash).
+
+use super::inodes::Node;
+use super::props::{self, format_recordsize, LocalProps, SETTABLE};
+use super::{DenseFs, FsError, FsResult, Kind, Options, ROOT};
+use crate::inspect::{inspect, FileStats, Problem};
+use serde_json::{json, Value};
+use std::path::{Path, PathBuf};
+
+/// Where a property's value comes from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Source {
+    Local,
+    /// From this mount-relative directory.
+    Inherited(String),
+    /// The mount options (or densefs's defaults).
+    Default,
+}
+
+impl Source {
+    fn describe(&self) -> String {
+        match self {
+            Source::Local => "local".into(),
+            Source::Inherited(from) => format!("inherited from {from}"),
+            Source::Default => "default".into(),
+        }
+    }
+}
+
+/// The settings a directory gives to files created in it, and where each came from.
+pub struct Effective {
+    pub options: Options,
+    pub sources: [Source; 4],
+}
+
+impl Effective {
+    fn value(&self, name: &str) -> String {
+        let o = &self.options;
+        match name {
+            "compression" => o.compression.to_string(),
+            "recordsize" => format_recordsize(o.layout),
+            "min_savings" => o.min_savings.to_string(),
+            "checksum" => o.checksum.name().to_string(),
+            _ => unreachable!("BUG: not a settable property: {name}"),
+        }
+    }
+}
+
+/// How many problems or datasets one report lists at most (an xattr value holds 64 KiB).
+const LIST_LIMIT: usize = 200;
+
+#[derive(Default)]
+struct Walk {
+    files: u64,
+    containers: u64,
+    directories: u64,
+    problems: Vec<Value>,
+    problem_count: u64,
+    datasets: Vec<Value>,
+}
+
+impl DenseFs {
+    /// Mount-relative path of a node ("/" for the root).
+    fn mount_path(&self, node: &Node) -> String {
+        let lower = self.label(node);
+        match Path::new(&lower).strip_prefix(&self.lower_root) {
+            Ok(rel) if rel.as_os_str().is_empty() => "/".into(),
+            Ok(rel) => format!("/{}", rel.display()),
+            Err(_) => lower,
+        }
+    }
+
+    /// Resolves the properties of directory `dir`, walking up to the root.
+    pub fn effective(&self, dir: &Node) -> FsResult<Effective> {
+        let mut found = LocalProps::default();
+        let mut sources: [Option<Source>; 4] = Default::default();
+        let mut node = self.inode(dir.nodeid)?;
+        let mut depth = 0;
+        loop {
+            let local = props::read_local(node.raw_fd())?;
+            for (i, name) in SETTABLE.iter().enumerate() {
+                if sources[i].is_none() {
+                    if let Some(v) = local.get(name) {
+                        found.set(name, &v).map_err(|e| FsError::new(libc::EIO, e))?;
+                        sources[i] = Some(if depth == 0 { Source::Local } else { Source::Inherited(self.mount_path(&node)) });
+                    }
+                }
+            }
+            if node.nodeid == ROOT || sources.iter().all(Option::is_some) {
+                break;
+            }
+            let parent = self.inodes.parent_of(node.nodeid).ok_or_else(|| FsError::errno(libc::ESTALE))?;
+            node = self.inode(parent)?;
+            depth += 1;
+        }
+        let base = self.options;
+        let options = Options {
+            compression: found.compression.unwrap_or(base.compression),
+            layout: found.recordsize.unwrap_or(base.layout),
+            min_savings: found.min_savings.unwrap_or(base.min_savings),
+            checksum: found.checksum.unwrap_or(base.checksum),
+        };
+        Ok(Effective { options, sources: sources.map(|s| s.unwrap_or(Source::Default)) })
+    }
+
+    /// Settings for a file in the directory `parent` (mount options if it cannot be resolved).
+    pub(super) fn settings_in(&self, parent: u64) -> Options {
+        match self.inode(parent).and_then(|p| self.effective(&p)) {
+            Ok(e) => e.options,
+            Err(e) => {
+                tracing::warn!("cannot resolve properties of directory {parent}: {e}; using the mount's");
+                self.options
+            }
+        }
+    }
+
+    pub fn set_property(&self, nodeid: u64, name: &str, value: Option<&str>) -> FsResult<()> {
+        let node = self.inode(nodeid)?;
+        if node.kind != libc::S_IFDIR {
+            return Err(FsError::new(libc::ENOTDIR, "properties are set on directories"));
+        }
+        let mut local = props::read_local(node.raw_fd())?;
+        let result = match value {
+            Some(v) => local.set(name, v),
+            None => local.unset(name),
+        };
+        result.map_err(|e| FsError::new(libc::EINVAL, e))?;
+        props::write_local(node.raw_fd(), &local)
+    }
+
+    /// One property's effective value (for `getfattr -n user.densefs.compression DIR`).
+    pub fn property_value(&self, nodeid: u64, name: &str) -> FsResult<String> {
+        let node = self.inode(nodeid)?;
+        let dir = if node.kind == libc::S_IFDIR { node } else { self.inode(self.inodes.parent_of(nodeid).unwrap_or(ROOT))? };
+        let eff = self.effective(&dir)?;
+        SETTABLE.iter().position(|n| *n == name).map(|_| eff.value(name)).ok_or_else(|| FsError::errno(libc::ENODATA))
+    }
+
+    fn walk(&self, dir: &Path, rel: &str, verify: bool, datasets: bool, out: &mut Walk) -> FileStats {
+        let mut subtree = FileStats::default();
+        out.directories += 1;
+        let entries = match std::fs::read_dir(dir) {
+            Ok(e) => e,
+            Err(e) => {
+                out.problem_count += 1;
+                out.problems.push(json!({"path": rel, "record": null, "problem": format!("cannot list: {e}")}));
+                return subtree;
+            }
+        };
+        for entry in entries.flatten() {
+            let name = entry.file_name();
+            if props::is_reserved_name(&name) {
+                continue;
+            }
+            let Ok(kind) = entry.file_type() else { continue };
+            let child_rel = if rel == "/" { format!("/{}", name.to_string_lossy()) } else { format!("{rel}/{}", name.to_string_lossy()) };
+            if kind.is_dir() {
+                let child = self.walk(&entry.path(), &child_rel, verify, datasets, out);
+                subtree.add(&child);
+            } else if kind.is_file() {
+                match std::fs::File::open(entry.path()).and_then(|f| inspect(&f, verify)) {
+                    Ok(stats) => {
+                        out.files += 1;
+                        out.containers += stats.container as u64;
+                        for p in &stats.problems {
+                            self.note_problem(out, &child_rel, p);
+                        }
+                        subtree.add(&stats);
+                    }
+                    Err(e) => self.note_problem(out, &child_rel, &Problem { record: None, what: e.to_string() }),
+                }
+            }
+        }
+        if datasets && rel != "/" {
+            if let Ok(f) = std::fs::File::open(dir) {
+                if let Ok(local) = props::read_local(std::os::fd::AsRawFd::as_raw_fd(&f)) {
+                    if !local.is_empty() && out.datasets.len() < LIST_LIMIT {
+                        out.datasets.push(json!({"path": rel, "stats": stats_json(&subtree)}));
+                    }
+                }
+            }
+        }
+        subtree
+    }
+
+    fn note_problem(&self, out: &mut Walk, path: &str, p: &Problem) {
+        out.problem_count += 1;
+        if out.problems.len() < LIST_LIMIT {
+            out.problems.push(json!({"path": path, "record": p.record, "problem": p.what}));
+        }
+    }
+
+    /// The JSON report on one path: its kind, properties with sources, statistics of the file or
+    /// of the whole subtree, problems found (every record verified when `verify`), and with
+    /// `datasets` the directories below that have local properties.
+    pub fn report(&self, nodeid: u64, verify: bool, datasets: bool) -> FsResult<String> {
+        let node = self.inode(nodeid)?;
+        // Statistics come from the lower files: land what is still in memory first.
+        self.flush_open_files();
+        let path = self.mount_path(&node);
+        let kind = super::Kind::from_mode(node.kind);
+        let mut out = Walk::default();
+        let (stats, properties) = match kind {
+            Kind::Dir => {
+                let eff = self.effective(&node)?;
+                let lower = PathBuf::from(self.label(&node));
+                let stats = self.walk(&lower, &path, verify, datasets, &mut out);
+                let props: serde_json::Map<String, Value> = SETTABLE
+                    .iter()
+                    .zip(&eff.sources)
+                    .map(|(n, s)| (n.to_string(), json!({"value": eff.value(n), "source": s.describe()})))
+                    .collect();
+                (stats, props)
+            }
+            Kind::File => {
+                let file = super::lower::reopen(node.raw_fd(), libc::O_RDONLY)?;
+                let stats = inspect(&file, verify)?;
+                out.files = 1;
+                out.containers = stats.container as u64;
+                for p in &stats.problems {
+                    self.note_problem(&mut out, &path, p);
+                }
+                let mut props = serde_json::Map::new();
+                if let (Some(c), Some(rs)) = (&stats.compression, stats.record_size) {
+                    props.insert("compression".into(), json!({"value": c, "source": "file"}));
+                    let layout = crate::format::Layout::new(rs).expect("BUG: record size from a valid header");
+                    props.insert("recordsize".into(), json!({"value": format_recordsize(layout), "source": "file"}));
+                }
+                (stats, props)
+            }
+            _ => return Err(FsError::new(libc::EINVAL, "only files and directories have reports")),
+        };
+        let report = json!({
+            "path": path,
+            "kind": if kind == Kind::Dir { "directory" } else { "file" },
+            "properties": properties,
+            "stats": stats_json(&stats),
+            "files": out.files,
+            "containers": out.containers,
+            "directories": out.directories,
+            "problem_count": out.problem_count,
+            "problems": out.problems,
+            "datasets": out.datasets,
+            "record_size": stats.record_size,
+        });
+        Ok(report.to_string())
+    }
+
+    fn flush_open_files(&self) {
+        for content in self.inodes.open_contents() {
+            if let super::inodes::Content::Container(c) = content {
+                if let Err(e) = c.flush() {
+                    tracing::warn!("flush before a report: {e}");
+                }
+            }
+        }
+    }
+}
+
+fn stats_json(s: &FileStats) -> Value {
+    json!({
+        "logicalused": s.logical_data,
+        "used": s.physical,
+        "written": s.logical_size,
+        "records": s.records,
+        "raw_low_savings": s.raw_low_savings,
+    })
+}

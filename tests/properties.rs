@@ -1,0 +1,175 @@
+//! Datasets and properties: `densefs set/inherit/get/list/stat/scrub` on real mounts.
+
+mod common;
+
+use common::{compressible, random_bytes, Dirs, Mount, BIN};
+use std::fs;
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+use std::process::{Command, Output};
+
+fn densefs(args: &[&str], paths: &[&Path]) -> Output {
+    Command::new(BIN).args(args).args(paths).output().expect("run densefs")
+}
+
+fn ok(out: Output) -> String {
+    assert!(out.status.success(), "densefs failed: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// `densefs get -H -p -o value PROP PATH`
+fn value(prop: &str, path: &Path) -> String {
+    ok(densefs(&["get", "-H", "-p", "-o", "value", prop], &[path])).trim().to_string()
+}
+
+fn source(prop: &str, path: &Path) -> String {
+    ok(densefs(&["get", "-H", "-o", "source", prop], &[path])).trim().to_string()
+}
+
+/// Codec id and record shift of a lower container.
+fn stored_as(lower_file: &Path) -> (u8, u8) {
+    let raw = fs::read(lower_file).unwrap();
+    let at = if &raw[..8] == b"DENSEFS\0" { 0 } else { 64 };
+    (raw[at + 12], raw[at + 10])
+}
+
+#[test]
+fn properties_are_inherited_overridden_and_survive_remounts() {
+    let d = Dirs::new();
+    let m = Mount::new(&d.lower, &d.mnt, "compression=lz4");
+    let (backup, deep, other) = (m.path("backup"), m.path("backup/deep"), m.path("other"));
+    fs::create_dir_all(&deep).unwrap();
+    fs::create_dir_all(&other).unwrap();
+    ok(densefs(&["set", "compression=gzip-9", "recordsize=64K"], &[&backup]));
+    ok(densefs(&["set", "compression=zstd-1"], &[&deep]));
+    assert_eq!(value("compression", &backup), "gzip-9");
+    assert_eq!(source("compression", &backup), "local");
+    assert_eq!(value("compression", &deep), "zstd-1");
+    assert_eq!(value("recordsize", &deep), "64K");
+    assert_eq!(source("recordsize", &deep), format!("inherited from {}", backup.display()));
+    assert_eq!(value("compression", &other), "lz4");
+    assert_eq!(source("compression", &other), "default");
+    let data = compressible(300_000, 1);
+    for dir in [&backup, &deep, &other] {
+        fs::write(dir.join("f"), &data).unwrap();
+    }
+    // New subdirectories inherit too.
+    fs::create_dir(deep.join("sub")).unwrap();
+    fs::write(deep.join("sub/g"), &data).unwrap();
+    assert_eq!(stored_as(&d.lower.join("backup/f")), (2, 16));
+    assert_eq!(stored_as(&d.lower.join("backup/deep/f")), (3, 16));
+    assert_eq!(stored_as(&d.lower.join("backup/deep/sub/g")), (3, 16));
+    assert_eq!(stored_as(&d.lower.join("other/f")), (1, 17));
+    // The property store is invisible through the mount.
+    let names: Vec<_> = fs::read_dir(&backup).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert_eq!(names.len(), 2, "{names:?}");
+    m.unmount();
+    let m = Mount::new(&d.lower, &d.mnt, "");
+    assert_eq!(value("compression", &backup), "gzip-9");
+    assert_eq!(value("compression", &deep), "zstd-1");
+    ok(densefs(&["inherit", "compression"], &[&deep]));
+    assert_eq!(value("compression", &deep), "gzip-9");
+    assert_eq!(source("compression", &deep), format!("inherited from {}", backup.display()));
+    fs::write(deep.join("h"), &data).unwrap();
+    assert_eq!(stored_as(&d.lower.join("backup/deep/h")).0, 2);
+    // Everything reads back whatever it was written with.
+    for f in ["backup/f", "backup/deep/f", "backup/deep/sub/g", "other/f", "backup/deep/h"] {
+        assert_eq!(fs::read(m.path(f)).unwrap(), data, "{f}");
+    }
+    m.unmount();
+}
+
+#[test]
+fn bad_property_commands_are_refused_clearly() {
+    let d = Dirs::new();
+    let m = Mount::new(&d.lower, &d.mnt, "");
+    fs::write(m.path("file"), b"x").unwrap();
+    for (args, needle) in [
+        (vec!["set", "compression=gzip-10"], "unknown compression"),
+        (vec!["set", "colour=blue"], "unknown property"),
+        (vec!["set", "compression"], "PROPERTY=VALUE"),
+        (vec!["inherit", "compressratio"], "cannot be inherited"),
+    ] {
+        let out = densefs(&args, &[&d.mnt]);
+        assert!(!out.status.success());
+        assert!(String::from_utf8_lossy(&out.stderr).contains(needle), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    let out = densefs(&["set", "compression=zstd"], &[&m.path("file")]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("directories"));
+    let out = densefs(&["get", "all"], &[&d.root.path().to_path_buf()]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not on a densefs mount"), "{}", String::from_utf8_lossy(&out.stderr));
+    m.unmount();
+}
+
+#[test]
+fn accounting_matches_the_lower_files_and_survives_a_crash() {
+    let d = Dirs::new();
+    let m = Mount::new(&d.lower, &d.mnt, "compression=gzip-6,recordsize=16K");
+    fs::create_dir(m.path("data")).unwrap();
+    fs::write(m.path("data/text"), compressible(2 << 20, 2)).unwrap();
+    fs::write(m.path("data/noise"), random_bytes(256 << 10, 3)).unwrap();
+    let sparse = fs::File::create(m.path("data/sparse")).unwrap();
+    sparse.set_len(10 << 20).unwrap();
+    drop(sparse);
+    let lower_blocks: u64 = ["text", "noise", "sparse"].iter().map(|f| fs::metadata(d.lower.join("data").join(f)).unwrap().blocks() * 512).sum();
+    let dir = m.path("data");
+    assert_eq!(value("used", &dir).parse::<u64>().unwrap(), lower_blocks);
+    assert_eq!(value("logicalused", &dir).parse::<u64>().unwrap(), (2 << 20) + (256 << 10), "holes are not data");
+    assert_eq!(value("written", &dir).parse::<u64>().unwrap(), (2 << 20) + (256 << 10) + (10 << 20));
+    let ratio: f64 = value("compressratio", &dir).parse().unwrap();
+    let expect = ((2 << 20) + (256 << 10)) as f64 / lower_blocks as f64;
+    assert!((ratio - expect).abs() < 0.01, "{ratio} vs {expect}");
+    assert!(ratio > 2.0);
+    assert_eq!(value("records_gzip-6", &dir), "128");
+    assert_eq!(value("records_raw", &dir), "16");
+    assert_eq!(value("records_raw_low_savings", &dir), "16");
+    let stat = ok(densefs(&["stat"], &[&m.path("data/text")]));
+    assert!(stat.contains("gzip-6 128"), "{stat}");
+    let json: serde_json::Value = serde_json::from_str(&ok(densefs(&["stat", "--json"], &[&m.path("data/noise")]))).unwrap();
+    assert_eq!(json[0]["stats"]["records"]["raw"], 16);
+    m.kill();
+    let m = Mount::new(&d.lower, &d.mnt, "");
+    assert_eq!(value("used", &m.path("data")).parse::<u64>().unwrap(), lower_blocks, "counters recomputed after a crash");
+    let list = ok(densefs(&["list", "-r", "-H"], &[&d.mnt]));
+    assert!(list.starts_with(&format!("{}\t", d.mnt.display())), "{list}");
+    m.unmount();
+}
+
+#[test]
+fn scrub_finds_a_record_corrupted_behind_the_mounts_back() {
+    let d = Dirs::new();
+    let m = Mount::new(&d.lower, &d.mnt, "compression=lz4,recordsize=4K");
+    fs::create_dir(m.path("dir")).unwrap();
+    fs::write(m.path("dir/good"), compressible(64 << 10, 4)).unwrap();
+    fs::write(m.path("dir/victim"), compressible(64 << 10, 5)).unwrap();
+    let out = densefs(&["scrub"], &[&d.mnt]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stdout));
+    // Flip a byte of record 5's stored bytes (slot 0: after block 0, two slots per record).
+    let lower = d.lower.join("dir/victim");
+    let mut raw = fs::read(&lower).unwrap();
+    raw[4096 + 5 * 2 * 4096 + 7] ^= 0x20;
+    fs::write(&lower, &raw).unwrap();
+    let out = densefs(&["scrub"], &[&d.mnt]);
+    assert!(!out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("dir/victim: record 5: slot 0: checksum mismatch"), "{text}");
+    assert!(text.contains("1 problems"), "{text}");
+    assert!(!text.contains("good"), "{text}");
+    let json: serde_json::Value = serde_json::from_str(&String::from_utf8_lossy(&densefs(&["scrub", "--json"], &[&d.mnt]).stdout)).unwrap();
+    assert_eq!(json["problem_count"], 1);
+    m.unmount();
+}
+
+#[test]
+fn mount_helper_and_completions_work() {
+    let d = Dirs::new();
+    let helper = d.root.path().join("mount.densefs");
+    std::os::unix::fs::symlink(BIN, &helper).unwrap();
+    let out = Command::new(&helper).arg(&d.lower).arg(&d.mnt).args(["-o", "compression=zstd-3,rw,noatime"]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(value("compression", &d.mnt), "zstd-3");
+    let out = Command::new(BIN).arg("umount").arg(&d.mnt).output().unwrap();
+    assert!(out.status.success());
+    let bash = ok(densefs(&["completions", "bash"], &[]));
+    assert!(bash.contains("densefs") && bash.contains("scrub"));
+}
