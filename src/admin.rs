@@ -217,3 +217,52 @@ mod tests {
         assert_eq!(ratio(&serde_json::json!({"logicalused": 0, "used": 0})), 1.0);
     }
 }
+
+/// Every regular file at or below `path` (recursing only with `recursive`), symlinks not followed.
+pub fn files_below(path: &Path, recursive: bool) -> Result<Vec<(PathBuf, u64)>, String> {
+    let meta = std::fs::symlink_metadata(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    if meta.is_file() {
+        return Ok(vec![(path.to_path_buf(), meta.len())]);
+    }
+    if !meta.is_dir() {
+        return Err(format!("{}: not a regular file or directory", path.display()));
+    }
+    if !recursive {
+        return Err(format!("{}: is a directory (use -r)", path.display()));
+    }
+    let mut out = Vec::new();
+    let mut stack = vec![path.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        let entries = std::fs::read_dir(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        for entry in entries {
+            let entry = entry.map_err(|e| format!("{}: {e}", dir.display()))?;
+            let kind = entry.file_type().map_err(|e| e.to_string())?;
+            if kind.is_dir() {
+                stack.push(entry.path());
+            } else if kind.is_file() {
+                let len = entry.metadata().map(|m| m.len()).unwrap_or(0);
+                out.push((entry.path(), len));
+            }
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// Asks the daemon to rewrite one file (`spec`: "" or "compression=…,recordsize=…").
+pub fn recompress_file(file: &Path, spec: &str) -> Result<(), String> {
+    let p = cpath(file)?;
+    let name = file.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let spec = if name.contains(',') { spec.to_string() } else if spec.is_empty() { format!("name={name}") } else { format!("{spec},name={name}") };
+    let r = unsafe { libc::setxattr(p.as_ptr(), xattr_name("recompress").as_ptr(), spec.as_ptr() as *const libc::c_void, spec.len(), 0) };
+    if r == 0 {
+        return Ok(());
+    }
+    let e = std::io::Error::last_os_error();
+    Err(match e.raw_os_error() {
+        Some(libc::EBUSY) => "open elsewhere; close it and run again to change its record size or convert it".to_string(),
+        Some(libc::EMLINK) => "hard-linked; left as it is".to_string(),
+        Some(libc::ENOTSUP) => "not on a densefs mount".to_string(),
+        _ => e.to_string(),
+    })
+}

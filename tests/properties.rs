@@ -28,9 +28,8 @@ fn source(prop: &str, path: &Path) -> String {
 
 /// Codec id and record shift of a lower container.
 fn stored_as(lower_file: &Path) -> (u8, u8) {
-    let raw = fs::read(lower_file).unwrap();
-    let at = if &raw[..8] == b"DENSEFS\0" { 0 } else { 64 };
-    (raw[at + 12], raw[at + 10])
+    let header = common::current_header(lower_file);
+    (header[12], header[10])
 }
 
 #[test]
@@ -96,7 +95,7 @@ fn bad_property_commands_are_refused_clearly() {
     }
     let out = densefs(&["set", "compression=zstd"], &[&m.path("file")]);
     assert!(String::from_utf8_lossy(&out.stderr).contains("directories"));
-    let out = densefs(&["get", "all"], &[&d.root.path().to_path_buf()]);
+    let out = densefs(&["get", "all"], &[d.root.path()]);
     assert!(String::from_utf8_lossy(&out.stderr).contains("not on a densefs mount"), "{}", String::from_utf8_lossy(&out.stderr));
     m.unmount();
 }
@@ -172,4 +171,55 @@ fn mount_helper_and_completions_work() {
     assert!(out.status.success());
     let bash = ok(densefs(&["completions", "bash"], &[]));
     assert!(bash.contains("densefs") && bash.contains("scrub"));
+}
+
+#[test]
+fn recompress_turns_an_lz4_tree_into_gzip9_online_with_every_byte_intact() {
+    let d = Dirs::new();
+    // A plain file from before densefs, and an lz4 tree written through it.
+    fs::create_dir_all(d.lower.join("old")).unwrap();
+    let plain = compressible(3 << 20, 20);
+    fs::write(d.lower.join("old/plain.fq"), &plain).unwrap();
+    let m = Mount::new(&d.lower, &d.mnt, "compression=lz4,recordsize=32K");
+    fs::create_dir_all(m.path("a/b")).unwrap();
+    let mut expect = vec![("old/plain.fq".to_string(), plain)];
+    for (i, name) in ["a/one", "a/b/two", "a/b/three"].iter().enumerate() {
+        let data = if i == 2 { random_bytes(200_000, 7) } else { compressible(2 << 20, i as u64) };
+        fs::write(m.path(name), &data).unwrap();
+        expect.push((name.to_string(), data));
+    }
+    let before: u64 = value("used", &d.mnt).parse().unwrap();
+    // Read a file over and over while the tree is rewritten under it.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let reader = {
+        let (path, want, stop) = (m.path("a/one"), expect[1].1.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut reads = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                assert!(fs::read(&path).unwrap() == want, "a file being recompressed read back wrong");
+                reads += 1;
+            }
+            reads
+        })
+    };
+    let out = ok(densefs(&["recompress", "-r", "-q", "-o", "compression=gzip-9"], &[&d.mnt]));
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    assert!(reader.join().unwrap() > 0);
+    assert!(out.contains("recompressed 4 of 4 files"), "{out}");
+    for (name, data) in &expect {
+        assert!(fs::read(m.path(name)).unwrap() == *data, "{name} changed");
+        assert_eq!(stored_as(&d.lower.join(name)).0, 2, "{name} is gzip now");
+    }
+    let after: u64 = value("used", &d.mnt).parse().unwrap();
+    assert!(after < before, "gzip-9 uses less than lz4 ({after} vs {before})");
+    m.unmount();
+    let m = Mount::new(&d.lower, &d.mnt, "");
+    for (name, data) in &expect {
+        assert!(fs::read(m.path(name)).unwrap() == *data, "{name} after remount");
+    }
+    // Changing the record size copies the file into a new container.
+    ok(densefs(&["recompress", "-q", "-o", "recordsize=1M,compression=zstd-3"], &[&m.path("a/one")]));
+    assert_eq!(stored_as(&d.lower.join("a/one")), (3, 20));
+    assert!(fs::read(m.path("a/one")).unwrap() == expect[1].1);
+    m.unmount();
 }

@@ -47,8 +47,6 @@ pub struct Container {
     lower: File,
     layout: Layout,
     checksum: ChecksumKind,
-    compression: Compression,
-    min_savings: MinSavings,
     engine: Arc<Engine>,
     /// Lower path, for log lines.
     label: String,
@@ -64,9 +62,14 @@ struct InFlight {
 }
 
 struct State {
+    /// How records written from now on are encoded (the file's own, or a recompress target).
+    compression: Compression,
+    min_savings: MinSavings,
     size: u64,
     header_seq: u64,
     persisted_size: u64,
+    /// The header must be rewritten even if the size did not change (the codec did).
+    header_stale: bool,
     tables: HashMap<u64, Box<[Pair]>>,
     /// Records changed in memory and not yet handed to the engine; each buffer is at most the
     /// record's length within `size` (bytes past it read as zeros).
@@ -92,8 +95,11 @@ enum Source {
 }
 
 impl State {
-    fn new(size: u64, header_seq: u64) -> State {
+    fn new(compression: Compression, min_savings: MinSavings, size: u64, header_seq: u64) -> State {
         State {
+            compression,
+            min_savings,
+            header_stale: false,
             size,
             header_seq,
             persisted_size: size,
@@ -167,12 +173,10 @@ impl Container {
             lower,
             layout: header.layout,
             checksum: header.checksum,
-            compression,
-            min_savings,
             engine,
             label,
             slot_io: RwLock::new(()),
-            state: Mutex::new(State::new(header.size, header.sequence)),
+            state: Mutex::new(State::new(compression, min_savings, header.size, header.sequence)),
             landed: Condvar::new(),
         };
         // Records past the size (a crash between landing them and writing the header) must not
@@ -193,7 +197,7 @@ impl Container {
     }
 
     pub fn compression(&self) -> Compression {
-        self.compression
+        self.state.lock().compression
     }
 
     pub fn size(&self) -> u64 {
@@ -520,8 +524,8 @@ impl Container {
             jobs.push(Job {
                 work: Work::Compress(CompressRequest {
                     data,
-                    compression: self.compression,
-                    min_savings: self.min_savings,
+                    compression: st.compression,
+                    min_savings: st.min_savings,
                     checksum: self.checksum,
                 }),
                 done: Box::new(move |result| me.land(record, seq, result)),
@@ -646,21 +650,22 @@ impl Container {
     }
 
     fn write_header(&self, st: &mut State) -> FsResult<()> {
-        if st.size == st.persisted_size {
+        if st.size == st.persisted_size && !st.header_stale {
             return Ok(());
         }
         let sequence = st.header_seq + 1;
         let header = Header {
             layout: self.layout,
             checksum: self.checksum,
-            codec: self.compression.codec,
-            level: self.compression.level as i8,
+            codec: st.compression.codec,
+            level: st.compression.level as i8,
             size: st.size,
             sequence,
         };
         lower::pwrite_all(&self.lower, &header.encode(), Header::copy_offset(sequence))?;
         st.header_seq = sequence;
         st.persisted_size = st.size;
+        st.header_stale = false;
         Ok(())
     }
 
@@ -712,6 +717,39 @@ impl Container {
     /// Whether closing needs a sync to free old copies.
     pub fn has_stale(&self) -> bool {
         !self.state.lock().stale.is_empty()
+    }
+
+    /// Re-encodes every stored record with `compression` (ZFS's `zfs rewrite`). Each record takes
+    /// the ordinary write path, so the file stays readable and writable meanwhile and a crash
+    /// leaves every record at its old or its new encoding of the same bytes.
+    pub fn recompress(self: &Arc<Self>, compression: Compression, min_savings: MinSavings) -> FsResult<()> {
+        {
+            let mut st = self.state.lock();
+            st.compression = compression;
+            st.min_savings = min_savings;
+            st.header_stale = true;
+        }
+        let records = self.layout.plain_size_to_records(self.size());
+        let mut start = 0;
+        while start < records {
+            let end = (start + GROUP_RECORDS).min(records);
+            let mut batch = Vec::new();
+            for record in start..end {
+                let (_io, mut st) = self.lock_for_edit(record, false)?;
+                let stored = newest_first(&self.pair(&mut st, record)?).first().is_some_and(|(_, d)| !d.is_hole());
+                if stored || st.dirty.contains_key(&record) || st.inflight.contains_key(&record) {
+                    batch.push(record);
+                }
+            }
+            for &record in &batch {
+                drop(self.lock_for_edit(record, true)?);
+            }
+            let jobs = self.prepare(&mut self.state.lock(), &batch);
+            self.engine.submit(jobs);
+            self.wait_for_room();
+            start = end;
+        }
+        self.sync(true)
     }
 
     // ---- size changes --------------------------------------------------------------------

@@ -55,7 +55,7 @@ fn timespec(t: Option<SetTime>) -> libc::timespec {
 impl DenseFs {
     /// Builds the shared content of a regular file: a container, or the plain lower file.
     /// An empty lower file opened for writing becomes a container (it has nothing to preserve).
-    fn load_content(&self, inode: &Node, writable: bool) -> FsResult<Content> {
+    pub(super) fn load_content(&self, inode: &Node, writable: bool) -> FsResult<Content> {
         let file = match lower::reopen(inode.raw_fd(), libc::O_RDWR) {
             Ok(f) => f,
             Err(e) if matches!(e.raw_os_error(), Some(libc::EACCES | libc::EROFS | libc::EPERM | libc::ETXTBSY)) => {

@@ -58,6 +58,11 @@ pub struct OpenState {
 }
 
 impl Inode {
+    /// The lower inode's (device, inode number).
+    pub fn lower_id(&self) -> (u64, u64) {
+        (self.dev, self.ino)
+    }
+
     /// The content of an open file, if some handle has it open.
     pub fn open_content(&self) -> Option<Content> {
         self.open.lock().content.clone()
@@ -273,6 +278,11 @@ impl InodeTable {
     /// The directory an inode was last seen in (the root is its own parent).
     pub fn parent_of(&self, nodeid: u64) -> Option<u64> {
         self.get(nodeid).map(|inode| inode.place.lock().parent)
+    }
+
+    /// The name an inode was last seen under.
+    pub fn name_of(&self, nodeid: u64) -> Option<OsString> {
+        self.get(nodeid).map(|inode| inode.place.lock().name.clone())
     }
 
     pub fn forget(&self, nodeid: u64, n: u64) {

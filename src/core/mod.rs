@@ -12,6 +12,7 @@ mod inodes;
 pub mod lower;
 mod namespace;
 pub mod props;
+mod recompress;
 mod report;
 mod xattr;
 

@@ -174,9 +174,9 @@ pub fn write_local(dir: RawFd, props: &LocalProps) -> FsResult<()> {
     Ok(())
 }
 
-/// Is this a name densefs keeps for itself in the lower tree?
+/// Is this a name densefs keeps for itself in the lower tree (`.densefs.*`)?
 pub fn is_reserved_name(name: &OsStr) -> bool {
-    name == PROPS_FILE || name == ".densefs.props.tmp"
+    std::os::unix::ffi::OsStrExt::as_bytes(name).starts_with(b".densefs.")
 }
 
 #[cfg(test)]

@@ -6,7 +6,8 @@
 //! the `densefs` command talks to the daemon.
 //! - `user.densefs.<property>`: read the effective value; set it (directories); remove it
 //!   (inherit again);
-//! - `user.densefs.report`, `.scrub`, `.datasets` (read-only): JSON reports (see report.rs).
+//! - `user.densefs.report`, `.scrub`, `.datasets` (read-only): JSON reports (see report.rs);
+//! - `user.densefs.recompress` (write-only, files): rewrite with the given or current settings.
 
 use super::error::check;
 use super::lower::{self, cstr};
@@ -104,6 +105,9 @@ impl DenseFs {
     pub fn setxattr(&self, nodeid: u64, name: &OsStr, value: &[u8], flags: i32) -> FsResult<()> {
         if let Some(key) = own_name(name) {
             let value = std::str::from_utf8(value).map_err(|_| FsError::new(libc::EINVAL, "property values are text"))?;
+            if key == "recompress" {
+                return self.recompress(nodeid, value);
+            }
             return self.set_property(nodeid, key, Some(value.trim()));
         }
         let Some(path) = self.xattr_target(nodeid)? else { return Err(FsError::errno(libc::EPERM)) };

@@ -158,3 +158,13 @@ pub fn random_bytes(len: usize, seed: u64) -> Vec<u8> {
         })
         .collect()
 }
+
+/// The current header copy of a lower container file (the valid one with the higher sequence).
+pub fn current_header(lower_file: &Path) -> Vec<u8> {
+    let raw = std::fs::read(lower_file).unwrap();
+    let copy = |at: usize| {
+        let c = &raw[at..at + 64];
+        (&c[..8] == b"DENSEFS\0").then(|| (u64::from_le_bytes(c[24..32].try_into().unwrap()), c.to_vec()))
+    };
+    [copy(0), copy(64)].into_iter().flatten().max_by_key(|(seq, _)| *seq).expect("not a container").1
+}

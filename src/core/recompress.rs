@@ -1,0 +1,159 @@
+//! `densefs recompress`: rewrite a file's stored form with the current (or given) properties,
+//! online.
+//!
+//! A container keeping its record size is re-encoded in place, record by record, through the
+//! ordinary write path (readers and writers carry on). A plain file, or a container changing its
+//! record size, is copied into a new container next to it (a hidden `.densefs.` name), synced,
+//! given the old one's owner, mode, times and xattrs, and renamed over it; that needs the file
+//! not to be open and not hard-linked (its lower inode changes), else it is left alone with an
+//! error saying why.
+
+use super::container::Container;
+use super::error::check;
+use super::inodes::Content;
+use super::lower::{self, cstr};
+use super::{DenseFs, FsError, FsResult, Options};
+use std::ffi::OsString;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::MetadataExt;
+use std::sync::Arc;
+
+/// Bytes copied per step when a file moves into a new container.
+const COPY_CHUNK: usize = 1 << 20;
+
+impl DenseFs {
+    /// `spec`: empty, or `compression=…,recordsize=…` overriding the directory's properties;
+    /// `name=…` is the file name the caller used (the kernel does not tell, and a hard-linked
+    /// inode's remembered name may be stale).
+    pub fn recompress(&self, nodeid: u64, spec: &str) -> FsResult<()> {
+        let node = self.inode(nodeid)?;
+        if node.kind != libc::S_IFREG {
+            return Err(FsError::new(libc::EINVAL, "only regular files are recompressed"));
+        }
+        let parent = self.inodes.parent_of(nodeid).unwrap_or(super::ROOT);
+        let mut settings = self.settings_in(parent);
+        apply_spec(&mut settings, spec)?;
+        let mut open = node.open.lock();
+        let content = match &open.content {
+            Some(c) => c.clone(),
+            None => self.load_content(&node, true)?,
+        };
+        if let Content::Container(c) = &content {
+            if c.layout() == settings.layout {
+                return c.recompress(settings.compression, settings.min_savings);
+            }
+        }
+        if open.handles > 0 {
+            return Err(FsError::new(libc::EBUSY, "open; changing how it is stored needs it closed"));
+        }
+        let lower_meta = lower::reopen(node.raw_fd(), libc::O_RDONLY)?.metadata()?;
+        if lower_meta.nlink() > 1 {
+            return Err(FsError::new(libc::EMLINK, "hard-linked; changing how it is stored would split the links"));
+        }
+        let size = content_size(&content)?;
+        let dir = self.inode(parent)?;
+        // Rename over the name that really is this inode in its directory.
+        let given = spec.split(',').find_map(|i| i.trim().strip_prefix("name=")).map(OsString::from);
+        let name = given
+            .into_iter()
+            .chain(self.inodes.name_of(nodeid))
+            .find(|n| {
+                let Ok(c) = cstr(n) else { return false };
+                let mut st: libc::stat = unsafe { std::mem::zeroed() };
+                let found = unsafe { libc::fstatat(dir.raw_fd(), c.as_ptr(), &mut st, libc::AT_SYMLINK_NOFOLLOW) } == 0;
+                found && (st.st_dev, st.st_ino) == node.lower_id()
+            })
+            .ok_or_else(|| FsError::new(libc::ESTALE, "cannot tell the file's name; run again"))?;
+        let tmp_name = OsString::from(format!(".densefs.recompress.{nodeid}"));
+        let tmp = cstr(&tmp_name)?;
+        let fd = check(unsafe {
+            libc::openat(dir.raw_fd(), tmp.as_ptr(), libc::O_RDWR | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_CLOEXEC, 0o600)
+        })?;
+        let file = unsafe { <std::fs::File as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+        let copy = || -> FsResult<()> {
+            let target = Arc::new(Container::create(
+                file.try_clone()?,
+                Self::create_settings(&settings),
+                settings.min_savings,
+                self.engine.clone(),
+                self.label(&node),
+            )?);
+            let mut at = 0;
+            while at < size {
+                let chunk = match &content {
+                    Content::Container(c) => c.read(at, COPY_CHUNK)?,
+                    Content::Plain(f) => {
+                        let mut buf = vec![0u8; COPY_CHUNK.min((size - at) as usize)];
+                        let n = lower::pread_full(f, &mut buf, at)?;
+                        buf.truncate(n);
+                        buf
+                    }
+                };
+                if chunk.is_empty() {
+                    break;
+                }
+                target.write(at, &chunk)?;
+                at += chunk.len() as u64;
+            }
+            target.set_size(size)?;
+            target.sync(false)?;
+            copy_metadata(&lower_meta, lower::proc_path(node.raw_fd()), &file)?;
+            let name = cstr(&name)?;
+            check(unsafe { libc::renameat(dir.raw_fd(), tmp.as_ptr(), dir.raw_fd(), name.as_ptr()) })?;
+            lower::fsync(&lower::reopen(dir.raw_fd(), libc::O_RDONLY | libc::O_DIRECTORY)?)?;
+            Ok(())
+        };
+        let result = copy();
+        if result.is_err() {
+            unsafe { libc::unlinkat(dir.raw_fd(), tmp.as_ptr(), 0) };
+        }
+        // The old inode's content is gone from this name; forget what was loaded for it.
+        open.content = None;
+        result
+    }
+}
+
+fn content_size(content: &Content) -> FsResult<u64> {
+    Ok(match content {
+        Content::Container(c) => c.size(),
+        Content::Plain(f) => f.metadata()?.len(),
+    })
+}
+
+fn apply_spec(settings: &mut Options, spec: &str) -> FsResult<()> {
+    for item in spec.split(',').map(str::trim).filter(|s| !s.is_empty() && !s.starts_with("name=")) {
+        let mut local = super::props::LocalProps::default();
+        let (name, value) = item.split_once('=').ok_or_else(|| FsError::new(libc::EINVAL, format!("bad setting '{item}'")))?;
+        local.set(name, value).map_err(|e| FsError::new(libc::EINVAL, e))?;
+        settings.compression = local.compression.unwrap_or(settings.compression);
+        settings.layout = local.recordsize.unwrap_or(settings.layout);
+        settings.min_savings = local.min_savings.unwrap_or(settings.min_savings);
+        settings.checksum = local.checksum.unwrap_or(settings.checksum);
+    }
+    Ok(())
+}
+
+/// Gives the new lower file the old one's owner, mode, times and extended attributes.
+fn copy_metadata(old: &std::fs::Metadata, old_path: std::ffi::CString, new: &std::fs::File) -> FsResult<()> {
+    let fd = new.as_raw_fd();
+    check(unsafe { libc::fchown(fd, old.uid(), old.gid()) })?;
+    check(unsafe { libc::fchmod(fd, (old.mode() & 0o7777) as libc::mode_t) })?;
+    let mut names = vec![0u8; 65536];
+    let n = unsafe { libc::listxattr(old_path.as_ptr(), names.as_mut_ptr() as *mut libc::c_char, names.len()) };
+    if n > 0 {
+        for name in names[..n as usize].split(|&b| b == 0).filter(|n| !n.is_empty()) {
+            let cname = std::ffi::CString::new(name).expect("BUG: split on NUL");
+            let mut value = vec![0u8; 65536];
+            let len = unsafe { libc::getxattr(old_path.as_ptr(), cname.as_ptr(), value.as_mut_ptr() as *mut libc::c_void, value.len()) };
+            if len >= 0 {
+                check(unsafe { libc::fsetxattr(fd, cname.as_ptr(), value.as_ptr() as *const libc::c_void, len as usize, 0) })?;
+            }
+        }
+    }
+    let times = [
+        libc::timespec { tv_sec: old.atime(), tv_nsec: old.atime_nsec() },
+        libc::timespec { tv_sec: old.mtime(), tv_nsec: old.mtime_nsec() },
+    ];
+    check(unsafe { libc::futimens(fd, times.as_ptr()) })?;
+    Ok(())
+}
