@@ -203,21 +203,6 @@ pub fn print_table(header: &[&str], rows: &[Vec<String>], scripted: bool) {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn sizes_print_like_zfs() {
-        assert_eq!(human(512), "512B");
-        assert_eq!(human(12_800), "12.5K");
-        assert_eq!(human(1_300_000_000), "1.21G");
-        assert_eq!(human(200 << 20), "200M");
-        assert_eq!(ratio(&serde_json::json!({"logicalused": 300, "used": 100})), 3.0);
-        assert_eq!(ratio(&serde_json::json!({"logicalused": 0, "used": 0})), 1.0);
-    }
-}
-
 /// Every regular file at or below `path` (recursing only with `recursive`), symlinks not followed.
 pub fn files_below(path: &Path, recursive: bool) -> Result<Vec<(PathBuf, u64)>, String> {
     let meta = std::fs::symlink_metadata(path).map_err(|e| format!("{}: {e}", path.display()))?;
@@ -265,4 +250,19 @@ pub fn recompress_file(file: &Path, spec: &str) -> Result<(), String> {
         Some(libc::ENOTSUP) => "not on a densefs mount".to_string(),
         _ => e.to_string(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_print_like_zfs() {
+        assert_eq!(human(512), "512B");
+        assert_eq!(human(12_800), "12.5K");
+        assert_eq!(human(1_300_000_000), "1.21G");
+        assert_eq!(human(200 << 20), "200M");
+        assert_eq!(ratio(&serde_json::json!({"logicalused": 300, "used": 100})), 3.0);
+        assert_eq!(ratio(&serde_json::json!({"logicalused": 0, "used": 0})), 1.0);
+    }
 }

@@ -125,6 +125,9 @@ enum Handle {
     Dir { entries: Arc<Vec<DirEntry>> },
 }
 
+/// A report kept between a size probe and the read that follows: (node, name, when, JSON).
+type CachedReport = (u64, String, std::time::Instant, Vec<u8>);
+
 pub struct DenseFs {
     options: Options,
     /// The lower directory's path, for mount-relative names in reports.
@@ -135,7 +138,7 @@ pub struct DenseFs {
     next_handle: AtomicU64,
     is_root: bool,
     /// The last report computed for a size probe: (node, name, when, JSON).
-    last_report: Mutex<Option<(u64, String, std::time::Instant, Vec<u8>)>>,
+    last_report: Mutex<Option<CachedReport>>,
 }
 
 fn time(sec: i64, nsec: i64) -> SystemTime {
