@@ -107,6 +107,16 @@ fn lock_lower(lower: &Path, wait: bool) -> std::io::Result<File> {
     Ok(dir)
 }
 
+/// Is some densefs mount serving `lower` right now?
+fn is_served(lower: &Path) -> bool {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    info.lines().any(|line| {
+        let fields: Vec<&str> = line.split(' ').collect();
+        let sep = fields.iter().position(|f| *f == "-");
+        sep.and_then(|s| fields.get(s + 2)).is_some_and(|src| Path::new(&unescape(src)) == lower)
+    })
+}
+
 /// A mount point left behind by a killed daemon answers ENOTCONN: detach it.
 fn clear_dead_mount(mountpoint: &Path) {
     if let Err(e) = std::fs::metadata(mountpoint) {
@@ -151,8 +161,17 @@ pub fn mount(lower: &Path, mountpoint: &Path, config: MountConfig, foreground: b
         // one inside the other would recurse.
         return Err("the lower directory and the mount point must not contain each other".into());
     }
-    let lock = lock_lower(&lower, false)
-        .map_err(|_| format!("{} is already served by another densefs daemon", lower.display()))?;
+    // A daemon that was just unmounted may still be writing back: give it a moment.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let lock = loop {
+        match lock_lower(&lower, false) {
+            Ok(lock) => break lock,
+            Err(_) if std::time::Instant::now() < deadline && !is_served(&lower) => {
+                std::thread::sleep(std::time::Duration::from_millis(20))
+            }
+            Err(_) => return Err(format!("{} is already served by another densefs daemon", lower.display())),
+        }
+    };
     if foreground {
         return serve(&lower, &mountpoint, &config, lock, None, log);
     }
