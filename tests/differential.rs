@@ -1,9 +1,18 @@
 //! Differential test in the spirit of fsx and mountpoint-s3's reference tests: thousands of
 //! random operations are applied to a small file tree on a densefs mount and to a plain
-//! directory (the reference); every operation's result (return value, errno, bytes read) and
-//! every file's size after it must agree, and at checkpoints the whole trees are compared byte
-//! for byte (names, kinds, sizes, link counts, modes, contents — read in full, never trusting
-//! SEEK_DATA/SEEK_HOLE). The mount is unmounted and remounted halfway through and at the end.
+//! directory (the reference); every operation's result (return value, errno, bytes read) and,
+//! after it, the stat of every name and open file (kind, size, link count) must agree, and at
+//! checkpoints the whole trees are compared byte for byte (names, kinds, sizes, link counts,
+//! modes, contents read in full, never trusting SEEK_DATA/SEEK_HOLE), and so is every open file,
+//! linked or not. The mount is unmounted and remounted halfway through, now and then, and at the
+//! end, and the comparison goes on (persistence).
+//!
+//! Operations: pwrite/pread/write/read (some descriptors O_APPEND, some O_DIRECT on the mount
+//! side so requests reach the daemon unaligned and uncached), lseek, ftruncate/truncate, every
+//! fallocate mode densefs accepts (and some it must refuse), MAP_SHARED mmap writes + msync and
+//! mmap reads, fsync/fdatasync, open (O_CREAT/O_EXCL/O_TRUNC/O_APPEND/O_RDONLY/O_WRONLY) and close,
+//! rename (over files, across directories, onto directories), link, unlink, mkdir/rmdir, and
+//! "parallel": threads writing interleaved pieces of one region and reading their own back.
 //!
 //! Deliberate differences that are not compared: st_blocks (the lower files are compressed),
 //! directory sizes, and where SEEK_DATA/SEEK_HOLE put holes (densefs works per record); for the
@@ -14,8 +23,10 @@
 //! - `DENSEFS_OPS=<n>`: operations per run (default [`DEFAULT_OPS`]);
 //! - `DENSEFS_KEEP=i,j,..`: run only these indices of the seed's operation list (a minimised
 //!   reproduction, as printed by the minimiser);
-//! - `DENSEFS_MINIMIZE=1`: on failure, shrink the operation list (delta debugging) and print it;
-//! - `DENSEFS_TRACE=1`: print every operation as it runs.
+//! - `DENSEFS_MINIMIZE=1`: on failure, shrink the operation list (delta debugging, at most
+//!   `DENSEFS_MINIMIZE_SECS`, default 900) and print it;
+//! - `DENSEFS_TRACE=1`: print every operation, resolved, and its result as it runs;
+//! - `DENSEFS_STATS=1`: print how many operations of each kind succeeded, failed, were skipped.
 //!
 //! One configuration only: `cargo test --test differential zstd3_128k`.
 
@@ -42,7 +53,7 @@ const DEFAULT_OPS: usize = 20000;
 /// The name space: two directories (renames move files between them) and six file names.
 const PATHS: [&str; 8] = ["a", "b", "f0", "f1", "a/f2", "a/f3", "b/f4", "b/f5"];
 const DIRS: usize = 2;
-/// Open-file slots; an operation on an empty slot is skipped on both sides.
+/// Open-file slots; an operation on an empty slot opens it instead (see [`resolve`]).
 const SLOTS: usize = 6;
 const MAX_OFF: u64 = 2 << 20;
 const MAX_LEN: usize = 300 << 10;
@@ -154,6 +165,11 @@ enum Op {
     /// SEEK_DATA/SEEK_HOLE: ENXIO at and past the end on both sides; on the mount every byte in
     /// a reported hole must read as zero.
     SeekHoles { slot: usize },
+    /// Several threads, each with its own descriptors, write disjoint pieces of one region of
+    /// the file (pieces of different threads share records), reading back their own pieces and
+    /// now and then closing and reopening or fdatasync-ing meanwhile. The reference applies the
+    /// same pieces one after another; the final contents do not depend on the order.
+    Parallel { path: &'static str, base: Off, len: usize, seed: u64 },
     /// Compares the whole trees (and every open file, linked or not).
     Check,
     /// Closes everything, unmounts, mounts again, compares the trees.
@@ -196,8 +212,8 @@ fn gen_size(rng: &mut StdRng, rs: u64) -> Off {
 }
 
 /// A record boundary, often a few bytes off; now and then around the start of the second or
-/// third descriptor group (64 records each), which files under MAX_OFF reach only with small
-/// records.
+/// third descriptor group (GROUP_RECORDS records each), which files under MAX_OFF reach only
+/// with small records.
 fn boundary(rng: &mut StdRng, rs: u64) -> u64 {
     let k = if rng.gen_ratio(1, 25) { GROUP_RECORDS * rng.gen_range(1..=2) + rng.gen_range(0..=2) - 1 } else { rng.gen_range(0..=MAX_OFF / rs) };
     let delta = if rng.gen_bool(0.4) { 0 } else { rng.gen_range(-64..=64) };
@@ -238,7 +254,7 @@ fn gen_op(rng: &mut StdRng, rs: u64) -> Op {
     let file = PATHS[rng.gen_range(DIRS..PATHS.len())];
     let file2 = PATHS[rng.gen_range(DIRS..PATHS.len())];
     let any = PATHS[rng.gen_range(0..PATHS.len())];
-    match rng.gen_range(0..1000) {
+    match rng.gen_range(0..1006) {
         0..=219 => Op::Pwrite { slot, off: gen_off(rng, rs), len: gen_len(rng, rs), fill: gen_fill(rng) },
         220..=389 => Op::Pread { slot, off: gen_off(rng, rs), len: gen_len(rng, rs) },
         390..=449 => Op::Write { slot, len: gen_len(rng, rs), fill: gen_fill(rng) },
@@ -285,12 +301,13 @@ fn gen_op(rng: &mut StdRng, rs: u64) -> Op {
         980..=989 => Op::Mkdir { dir: PATHS[rng.gen_range(0..DIRS)] },
         990..=995 => Op::Rmdir { dir: PATHS[rng.gen_range(0..DIRS)] },
         996..=997 => Op::Remount,
-        _ => Op::Check,
+        998 => Op::Check,
+        _ => Op::Parallel { path: file, base: gen_off(rng, rs), len: rng.gen_range(1..=4 * rs.max(64 << 10) as usize), seed: rng.gen() },
     }
 }
 
 /// The operation list of one run: a pure function of the seed, so any subset of it can be
-/// replayed (operations on empty slots are skipped, offsets resolve against the current size).
+/// replayed (an operation on an empty slot opens it, offsets resolve against the current size).
 fn gen_ops(seed: u64, n: usize, rs: u64) -> Vec<Op> {
     let mut rng = StdRng::seed_from_u64(seed);
     let mut ops = Vec::with_capacity(n + n / CHECK_EVERY + 2);
@@ -498,9 +515,161 @@ impl Side {
                 unsafe { libc::lseek(fd, pos, libc::SEEK_SET) };
                 Ok(Out::Text(results.join(", ")))
             }
+            Op::Parallel { path, base, len, seed } => {
+                let plan = parallel_plan(seed, base.abs(), len);
+                if self.is_mount {
+                    parallel_writers(&self.path(path), &plan, seed)
+                } else {
+                    let p = cpath(&self.path(path));
+                    let fd = check(unsafe { libc::open(p.as_ptr(), libc::O_RDWR | libc::O_CREAT | libc::O_CLOEXEC, 0o644 as libc::c_uint) })?;
+                    let f = unsafe { File::from_raw_fd(fd) };
+                    for (off, data) in plan.iter().flatten() {
+                        f.write_all_at(data, *off).map_err(|e| errno_of(&e))?;
+                    }
+                    Ok(Out::Done)
+                }
+            }
             Op::Check | Op::Remount | Op::Nop => Ok(Out::Skipped),
         }
     }
+}
+
+const PARALLEL_THREADS: usize = 3;
+
+/// The pieces each thread writes: `[base, base + len)` cut into pieces of 1 byte to 12 KiB,
+/// each given to a random thread.
+fn parallel_plan(seed: u64, base: u64, len: usize) -> Vec<Vec<(u64, Vec<u8>)>> {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut plan: Vec<Vec<(u64, Vec<u8>)>> = (0..PARALLEL_THREADS).map(|_| Vec::new()).collect();
+    let mut at = 0;
+    while at < len {
+        let n = if rng.gen_ratio(1, 8) { rng.gen_range(1..=64) } else { rng.gen_range(1..=12 << 10) }.min(len - at);
+        let fill = gen_fill(&mut rng);
+        plan[rng.gen_range(0..PARALLEL_THREADS)].push((base + at as u64, fill.bytes(n)));
+        at += n;
+    }
+    plan
+}
+
+/// The mount side of [`Op::Parallel`]: a read of a thread's own piece must show what it wrote.
+fn parallel_writers(path: &Path, plan: &[Vec<(u64, Vec<u8>)>], seed: u64) -> Res {
+    let open = |direct: bool| -> Result<File, i32> {
+        let p = cpath(path);
+        let flags = libc::O_RDWR | libc::O_CREAT | libc::O_CLOEXEC | if direct { libc::O_DIRECT } else { 0 };
+        check(unsafe { libc::open(p.as_ptr(), flags, 0o644 as libc::c_uint) }).map(|fd| unsafe { File::from_raw_fd(fd) })
+    };
+    // Failing to open at all (ENOENT, EISDIR...) is compared with the reference as an errno.
+    let first = open(false)?;
+    let barrier = std::sync::Barrier::new(plan.len());
+    let barrier = &barrier;
+    let results: Vec<Result<(), String>> = std::thread::scope(|s| {
+        let threads: Vec<_> = plan
+            .iter()
+            .enumerate()
+            .map(|(t, pieces)| {
+                s.spawn(move || -> Result<(), String> {
+                    let mut rng = StdRng::seed_from_u64(seed ^ (t as u64 + 1).wrapping_mul(0x9e3779b97f4a7c15));
+                    let fail = |what: &str, e: i32| format!("thread {t}: {what}: {}", errno_name(e));
+                    // Every descriptor is opened before any thread writes: an open(2) without
+                    // FOPEN_KEEP_CACHE drops the inode's page cache, and doing that while another
+                    // thread's buffered write is on its way to the daemon lets a concurrent read
+                    // bring back the old bytes into the cache, where they stay (a FUSE kernel
+                    // race, not densefs's). Closing (FLUSH) meanwhile is fine and is exercised.
+                    let opened = open(rng.gen_ratio(1, 2)).and_then(|a| Ok((a, open(rng.gen_ratio(1, 3))?)));
+                    barrier.wait(); // also when the open failed, or the others would wait forever
+                    let (spare, mut f) = opened.map_err(|e| fail("open", e))?;
+                    let mut spare = Some(spare);
+                    let verify = |f: &File, (off, data): &(u64, Vec<u8>)| -> Result<(), String> {
+                        let mut buf = vec![0u8; data.len()];
+                        // Which pages the read can take from the page cache (diagnostics).
+                        let cached = if fcntl_direct(f) { None } else { page_cache_residency(f, *off, data.len()) };
+                        let n = f.read_at(&mut buf, *off).map_err(|e| fail("pread", errno_of(&e)))?;
+                        let Some(at) = first_diff(&buf[..n], data) else { return Ok(()) };
+                        let cached = match cached {
+                            None => String::new(),
+                            Some(pages) => {
+                                let page = (*off as usize % 4096 + at) / 4096;
+                                format!(" (before the read, the page holding that byte {} in the page cache)", if pages.get(page) == Some(&true) { "was" } else { "was not" })
+                            }
+                        };
+                        // Tell the page cache from the daemon: read again, uncached and cached.
+                        let again = |direct: bool| {
+                            let mut b = vec![0u8; data.len()];
+                            match open(direct).map(|g| g.read_at(&mut b, *off)) {
+                                Ok(Ok(n)) => match first_diff(&b[..n], data) {
+                                    None => "as written".to_string(),
+                                    Some(at) => format!("{n} bytes, differing at +{at}"),
+                                },
+                                Ok(Err(e)) => format!("error {e}"),
+                                Err(e) => format!("open error {}", errno_name(e)),
+                            }
+                        };
+                        Err(format!(
+                            "thread {t} ({}): reading back its own piece [{off}, +{}) gave {n} bytes, differing at +{at}{cached}: read {} vs wrote {}; read again at once: O_DIRECT {}, buffered {}",
+                            if fcntl_direct(f) { "O_DIRECT" } else { "buffered" },
+                            data.len(),
+                            show_bytes(&buf[..n], at),
+                            show_bytes(data, at),
+                            again(true),
+                            again(false),
+                        ))
+                    };
+                    for (i, piece) in pieces.iter().enumerate() {
+                        let n = f.write_at(&piece.1, piece.0).map_err(|e| fail("pwrite", errno_of(&e)))?;
+                        if n != piece.1.len() {
+                            return Err(format!("thread {t}: short pwrite at {}: {n} of {}", piece.0, piece.1.len()));
+                        }
+                        if rng.gen_ratio(1, 3) {
+                            verify(&f, &pieces[rng.gen_range(0..=i)])?;
+                        }
+                        if rng.gen_ratio(1, 12) {
+                            if let Some(next) = spare.take() {
+                                let fd = std::mem::replace(&mut f, next).into_raw_fd();
+                                check(unsafe { libc::close(fd) }).map_err(|e| fail("close", e))?;
+                            }
+                        }
+                        if rng.gen_ratio(1, 25) {
+                            f.sync_data().map_err(|e| fail("fdatasync", errno_of(&e)))?;
+                        }
+                    }
+                    for piece in pieces {
+                        verify(&f, piece)?;
+                    }
+                    for g in std::iter::once(f).chain(spare) {
+                        check(unsafe { libc::close(g.into_raw_fd()) }).map_err(|e| fail("close", e))?;
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        threads.into_iter().map(|h| h.join().unwrap_or_else(|p| Err(format!("thread panicked: {}", panic_text(p))))).collect()
+    });
+    let closed = check(unsafe { libc::close(first.into_raw_fd()) });
+    match results.into_iter().find_map(Result::err) {
+        None => closed.map(|_| Out::Done),
+        Some(msg) => Ok(Out::Text(msg)),
+    }
+}
+
+/// Page-cache residency of the pages holding `[off, off + len)`, from mincore(2) on a mapping.
+fn page_cache_residency(f: &File, off: u64, len: usize) -> Option<Vec<bool>> {
+    let start = off & !4095;
+    let span = ((off + len as u64 + 4095) & !4095) - start;
+    unsafe {
+        let p = libc::mmap(std::ptr::null_mut(), span as usize, libc::PROT_READ, libc::MAP_SHARED, f.as_raw_fd(), start as libc::off_t);
+        if p == libc::MAP_FAILED {
+            return None;
+        }
+        let mut vec = vec![0u8; (span / 4096) as usize];
+        let r = libc::mincore(p, span as usize, vec.as_mut_ptr());
+        libc::munmap(p, span as usize);
+        (r == 0).then(|| vec.iter().map(|b| b & 1 != 0).collect())
+    }
+}
+
+fn fcntl_direct(f: &File) -> bool {
+    let flags = unsafe { libc::fcntl(f.as_raw_fd(), libc::F_GETFL) };
+    flags & libc::O_DIRECT != 0
 }
 
 /// Marks a mapping page that could not be read in (the file system answered the page fault with
@@ -616,18 +785,22 @@ enum Node {
     Other(u32),
 }
 
-fn walk(root: &Path, rel: &Path, out: &mut BTreeMap<PathBuf, (Node, Option<Vec<u8>>)>) -> std::io::Result<()> {
-    let mut names: Vec<_> = std::fs::read_dir(root.join(rel))?.map(|e| e.map(|e| e.file_name())).collect::<Result<_, _>>()?;
+fn walk(root: &Path, rel: &Path, out: &mut BTreeMap<PathBuf, (Node, Option<Vec<u8>>)>) -> Result<(), String> {
+    fn at(p: &Path) -> impl Fn(std::io::Error) -> String + '_ {
+        move |e| format!("{}: {e}", p.display())
+    }
+    let dir = root.join(rel);
+    let mut names: Vec<_> = std::fs::read_dir(&dir).and_then(|d| d.map(|e| e.map(|e| e.file_name())).collect::<Result<Vec<_>, _>>()).map_err(at(&dir))?;
     names.sort();
     for name in names {
         let r = rel.join(&name);
         let p = root.join(&r);
-        let m = std::fs::symlink_metadata(&p)?;
+        let m = std::fs::symlink_metadata(&p).map_err(at(&p))?;
         if m.is_dir() {
             out.insert(r.clone(), (Node::Dir, None));
             walk(root, &r, out)?;
         } else if m.is_file() {
-            let data = std::fs::read(&p)?;
+            let data = std::fs::read(&p).map_err(at(&p))?;
             out.insert(r, (Node::File { size: m.len(), nlink: m.nlink(), perm: m.mode() & 0o7777 }, Some(data)));
         } else {
             out.insert(r, (Node::Other(m.mode()), None));
@@ -646,8 +819,8 @@ fn slot_contents(f: &File) -> std::io::Result<Vec<u8>> {
 fn compare_trees(mount: &Side, reference: &Side) -> Result<(), String> {
     let mut m = BTreeMap::new();
     let mut r = BTreeMap::new();
-    walk(&mount.root, Path::new(""), &mut m).map_err(|e| format!("walking the mount: {e}"))?;
-    walk(&reference.root, Path::new(""), &mut r).map_err(|e| format!("walking the reference: {e}"))?;
+    walk(&mount.root, Path::new(""), &mut m).map_err(|e| format!("reading the mount: {e}"))?;
+    walk(&reference.root, Path::new(""), &mut r).map_err(|e| format!("reading the reference: {e}"))?;
     let mk: Vec<_> = m.keys().collect();
     let rk: Vec<_> = r.keys().collect();
     if mk != rk {
@@ -869,7 +1042,7 @@ fn resolve(index: usize, op: &Op, reference: &Side) -> Op {
             *off = off.resolve(reference.size_of_slot(*slot));
         }
         Op::Ftruncate { slot, size } => *size = size.resolve(reference.size_of_slot(*slot)),
-        Op::Truncate { path, size } => {
+        Op::Truncate { path, size } | Op::Parallel { path, base: size, .. } => {
             let cur = std::fs::symlink_metadata(reference.path(path)).map_or(0, |m| m.len());
             *size = size.resolve(cur);
         }
@@ -1125,12 +1298,15 @@ fn run(cfg: Config) {
         eprintln!("{report}minimising...");
         let budget = Duration::from_secs(env_u64("DENSEFS_MINIMIZE_SECS").unwrap_or(900));
         let (min, f) = minimize(cfg, ops, budget);
-        report += &format!("\nminimised to {} operations, failing at #{}: {}\n  {}\n", min.len(), f.index, f.op, f.msg);
-        // Print them resolved, as they ran.
+        report += &format!("\nminimised to {} operations, failing at {}:\n  {}\n", min.len(), f.op, f.msg);
         let keep: Vec<String> = min.iter().map(|(i, _)| i.to_string()).collect();
         report += &format!("replay: DENSEFS_SEED={seed} DENSEFS_OPS={n} DENSEFS_KEEP={} DENSEFS_TRACE=1 cargo test --test differential {}\n", keep.join(","), cfg.name);
-        for (i, op) in &min {
-            report += &format!("    #{i} {op:?}\n");
+        report += "as they ran (offsets resolved; an operation on an empty slot opens it):\n";
+        for r in f.recent.iter().chain(std::iter::once(&f.op)) {
+            report += &format!("    {r}\n");
+        }
+        if !f.log.is_empty() {
+            report += &format!("daemon log (tail):\n{}\n", f.log);
         }
     }
     panic!("{report}");
@@ -1164,4 +1340,9 @@ fn lzjb_8k() {
 #[test]
 fn zle_4k() {
     run(Config { name: "zle_4k", options: "compression=zle,recordsize=4K", record_size: 4 << 10 });
+}
+
+#[test]
+fn zstdfast_1m_xxh3() {
+    run(Config { name: "zstdfast_1m_xxh3", options: "compression=zstd-fast-3,recordsize=1M,checksum=xxh3", record_size: 1 << 20 });
 }
