@@ -194,7 +194,9 @@ impl Filesystem for FuseAdapter {
 
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         match self.fs.open(ino.0, flags.0) {
-            Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::empty()),
+            // Every change to a file's contents passes through this mount, so the kernel's cached
+            // pages stay right across opens.
+            Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::FOPEN_KEEP_CACHE),
             Err(e) => reply.error(errno("open", e)),
         }
     }
@@ -329,7 +331,7 @@ impl Filesystem for FuseAdapter {
         reply: ReplyCreate,
     ) {
         match self.fs.create(parent.0, name, mode, flags, caller(req)) {
-            Ok((attr, fh)) => reply.created(&TTL, &fuse_attr(&attr), Generation(0), FileHandle(fh), FopenFlags::empty()),
+            Ok((attr, fh)) => reply.created(&TTL, &fuse_attr(&attr), Generation(0), FileHandle(fh), FopenFlags::FOPEN_KEEP_CACHE),
             Err(e) => reply.error(errno("create", e)),
         }
     }
