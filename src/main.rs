@@ -194,9 +194,14 @@ fn get(scripted: bool, parsable: bool, columns: &[String], json: bool, propertie
     let wanted: Vec<&str> = properties.split(',').collect();
     let mut table = Vec::new();
     let mut reports = Vec::new();
+    // Only settable properties asked for: no need for the daemon to walk the tree.
+    let settable_only = wanted.iter().all(|w| densefs::core::props::SETTABLE.contains(w));
     for path in paths {
-        let report = admin::report(path, "report")?;
-        let rows = property_rows(path, &report, parsable);
+        let report = admin::report(path, if settable_only { "properties" } else { "report" })?;
+        let mut rows = property_rows(path, &report, parsable);
+        if settable_only {
+            rows.retain(|r| densefs::core::props::SETTABLE.contains(&r.property.as_str()));
+        }
         for w in &wanted {
             if *w != "all" && !rows.iter().any(|r| r.property == *w) && !w.starts_with("records_") {
                 return Err(format!("unknown property '{w}'"));
@@ -241,7 +246,7 @@ fn list(recursive: bool, scripted: bool, parsable: bool, json: bool, paths: Vec<
         let report = admin::report(path, if recursive { "datasets" } else { "report" })?;
         let mount = admin::mountpoint_of(path);
         let compression_of = |p: &Path| -> String {
-            admin::report(p, "report").ok().and_then(|r| r["properties"]["compression"]["value"].as_str().map(String::from)).unwrap_or("-".into())
+            admin::report(p, "properties").ok().and_then(|r| r["properties"]["compression"]["value"].as_str().map(String::from)).unwrap_or("-".into())
         };
         let mut entries = vec![(path.clone(), report["stats"].clone(), compression_of(path))];
         let mut datasets: Vec<&serde_json::Value> = report["datasets"].as_array().into_iter().flatten().collect();

@@ -31,7 +31,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 pub use inodes::ROOT;
-pub use report::{Effective, Source};
+pub use report::{Effective, ReportKind, Source};
 
 /// What the mount was asked for; applies to files created from now on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -47,6 +47,19 @@ impl Effective {
     }
 }
 
+/// What a report covers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReportKind {
+    /// Properties and sources only: no statistics walk.
+    Properties,
+    /// Properties and statistics.
+    Stats,
+    /// Statistics, verifying every record.
+    Scrub,
+    /// Statistics, and the datasets below.
+    Datasets,
+}
+
 /// How many problems or datasets one report lists at most (an xattr value holds 64 KiB).
 const LIST_LIMIT: usize = 200;
 
@@ -192,12 +205,17 @@ impl DenseFs {
     }
 
     /// The JSON report on one path: its kind, properties with sources, statistics of the file or
-    /// of the whole subtree, problems found (every record verified when `verify`), and with
-    /// `datasets` the directories below that have local properties.
-    pub fn report(&self, nodeid: u64, verify: bool, datasets: bool) -> FsResult<String> {
+    /// of the whole subtree, problems found (every record verified for `Scrub`), and for
+    /// `Datasets` the directories below that have local properties. `Properties` skips the
+    /// statistics (no walk).
+    pub fn report(&self, nodeid: u64, what: ReportKind) -> FsResult<String> {
         let node = self.inode(nodeid)?;
+        let verify = what == ReportKind::Scrub;
+        let datasets = what == ReportKind::Datasets;
         // Statistics come from the lower files: land what is still in memory first.
-        self.flush_open_files();
+        if what != ReportKind::Properties {
+            self.flush_open_files();
+        }
         let path = self.mount_path(&node);
         let kind = super::Kind::from_mode(node.kind);
         let mut out = Walk::default();
@@ -205,7 +223,11 @@ impl DenseFs {
             Kind::Dir => {
                 let eff = self.effective(&node)?;
                 let lower = PathBuf::from(self.label(&node));
-                let stats = self.walk(&lower, &path, verify, datasets, &mut out);
+                let stats = if what == ReportKind::Properties {
+                    FileStats::default()
+                } else {
+                    self.walk(&lower, &path, verify, datasets, &mut out)
+                };
                 let props: serde_json::Map<String, Value> = SETTABLE
                     .iter()
                     .zip(&eff.sources)

@@ -6,12 +6,14 @@
 //! the `densefs` command talks to the daemon.
 //! - `user.densefs.<property>`: read the effective value; set it (directories); remove it
 //!   (inherit again);
-//! - `user.densefs.report`, `.scrub`, `.datasets` (read-only): JSON reports (see report.rs);
+//! - `user.densefs.properties`, `.report`, `.scrub`, `.datasets` (read-only): JSON reports (see
+//!   report.rs);
 //! - `user.densefs.recompress` (write-only, files): rewrite with the given or current settings.
 
 use super::error::check;
 use super::lower::{self, cstr};
 use super::props::{PROPS_XATTR, XATTR_PREFIX};
+use super::report::ReportKind;
 use super::{DenseFs, FsError, FsResult};
 use std::ffi::{CString, OsStr};
 use std::time::{Duration, Instant};
@@ -33,10 +35,11 @@ impl DenseFs {
     }
 
     fn own_getxattr(&self, nodeid: u64, key: &str, probe: bool) -> FsResult<Vec<u8>> {
-        let (verify, datasets) = match key {
-            "report" => (false, false),
-            "scrub" => (true, false),
-            "datasets" => (false, true),
+        let what = match key {
+            "properties" => ReportKind::Properties,
+            "report" => ReportKind::Stats,
+            "scrub" => ReportKind::Scrub,
+            "datasets" => ReportKind::Datasets,
             "props" => return Err(FsError::errno(libc::ENODATA)),
             prop => return self.property_value(nodeid, prop).map(String::into_bytes),
         };
@@ -51,7 +54,7 @@ impl DenseFs {
             }
         }
         drop(cache);
-        let value = self.report(nodeid, verify, datasets)?.into_bytes();
+        let value = self.report(nodeid, what)?.into_bytes();
         if value.len() > 65536 {
             return Err(FsError::new(libc::E2BIG, "report larger than an xattr value"));
         }
