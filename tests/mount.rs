@@ -20,8 +20,10 @@ fn copy_in_compresses_reads_back_and_reports_physical_blocks() {
     let data = compressible(8 << 20, 1);
     fs::write(m.path("reads.fastq"), &data).unwrap();
     assert_eq!(fs::read(m.path("reads.fastq")).unwrap(), data);
-    // Let the lower file system allocate what it delayed (its extent blocks count in st_blocks).
+    // Let the lower file system allocate what it delayed (its extent blocks count in st_blocks),
+    // and the kernel's one-second attribute cache expire.
     Command::new("sync").status().unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(1100));
     let meta = fs::metadata(m.path("reads.fastq")).unwrap();
     assert_eq!(meta.len(), data.len() as u64);
     let physical = lower_blocks(&d.lower.join("reads.fastq")) * 512;
