@@ -225,3 +225,65 @@ fn recompress_turns_an_lz4_tree_into_gzip9_online_with_every_byte_intact() {
     assert!(fs::read(m.path("a/one")).unwrap() == expect[1].1);
     m.unmount();
 }
+
+#[test]
+fn reports_and_opens_running_together_do_not_deadlock() {
+    // Regression: a report (or the 5-second writeback) held the inode table while waiting for a
+    // file's open lock, while an open held that lock and waited for the table.
+    let d = Dirs::new();
+    let m = Mount::new(&d.lower, &d.mnt, "compression=lz4,recordsize=4K");
+    fs::create_dir(m.path("dir")).unwrap();
+    const FILES: u64 = 300;
+    for i in 0..FILES {
+        fs::write(m.path(&format!("dir/f{i}")), compressible(5000, i)).unwrap();
+    }
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let openers: Vec<_> = (0..3)
+        .map(|t| {
+            let (dir, stop) = (m.path("dir"), stop.clone());
+            std::thread::spawn(move || {
+                let mut n = 0u64;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    drop(fs::File::open(dir.join(format!("f{}", (n * 7 + t) % FILES))).unwrap());
+                    n += 1;
+                }
+                n
+            })
+        })
+        .collect();
+    // A deadlock blocks in the kernel for ever: a watchdog turns it into a failure.
+    let progress = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    {
+        let (progress, stop) = (progress.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut last = u64::MAX;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                std::thread::sleep(std::time::Duration::from_secs(20));
+                let now = progress.load(std::sync::atomic::Ordering::Relaxed);
+                if now == last && !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    eprintln!("reports_and_opens_running_together_do_not_deadlock: no report for 20 s: the daemon is deadlocked");
+                    std::process::exit(101);
+                }
+                last = now;
+            }
+        });
+    }
+    // Reports straight through the xattr interface, as fast as the daemon answers.
+    let dir = std::ffi::CString::new(m.path("dir").to_str().unwrap()).unwrap();
+    let name = std::ffi::CString::new("user.densefs.report").unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(4);
+    let mut reports = 0;
+    let mut buf = vec![0u8; 65536];
+    while std::time::Instant::now() < deadline {
+        let n = unsafe { libc::getxattr(dir.as_ptr(), name.as_ptr(), buf.as_mut_ptr() as *mut libc::c_void, buf.len()) };
+        assert!(n > 0, "report failed: {}", std::io::Error::last_os_error());
+        reports += 1;
+        progress.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for o in openers {
+        assert!(o.join().unwrap() > 0);
+    }
+    assert!(reports > 0);
+    m.unmount();
+}

@@ -93,6 +93,8 @@ struct Entry {
     lookups: u64,
 }
 
+/// Lock order: an inode's `open`, then this table's `inner`, then an inode's `place`. Code
+/// holding `inner` only try-locks `open` (eviction) or does not touch it.
 pub struct InodeTable {
     /// One mutex guards the maps; an inode's `place` has its own lock, taken after this one.
     inner: Mutex<Tables>,
@@ -303,6 +305,9 @@ impl InodeTable {
 
     /// Every inode with content open (for a final flush).
     pub fn open_contents(&self) -> Vec<Content> {
-        self.inner.lock().by_id.values().filter_map(|e| e.inode.open_content()).collect()
+        // Collect first: an inode's `open` lock is taken before this table's lock elsewhere
+        // (opening resolves properties up the parent chain), never after it.
+        let inodes: Vec<Arc<Inode>> = self.inner.lock().by_id.values().map(|e| e.inode.clone()).collect();
+        inodes.iter().filter_map(|inode| inode.open_content()).collect()
     }
 }
