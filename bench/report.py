@@ -1,0 +1,412 @@
+#!/usr/bin/env python3
+"""report.md and PNG plots from bench/run's results.json.  Re-render: bench/report.py RESULTS.json [OUTDIR]"""
+import json
+import sys
+from pathlib import Path
+
+COLORS = {"bare": "#7f7f7f", "bindfs": "#9467bd", "densefs": "#1f77b4", "btrfs": "#ff7f0e", "zfs-fuse": "#2ca02c"}
+
+
+# Each peer beside densefs at the same (or the nearest) algorithm.
+GROUPS = [
+    ("none", ["bare", "bindfs", "densefs-off"]),
+    ("lz4 / lzo", ["densefs-lz4", "btrfs-lzo"]),
+    ("gzip-1", ["densefs-gzip-1", "btrfs-zlib1", "zfs-gzip-1"]),
+    ("gzip-6", ["densefs-gzip-6", "btrfs-zlib6", "zfs-gzip-6"]),
+    ("gzip-9", ["densefs-gzip-9", "btrfs-zlib9", "zfs-gzip-9"]),
+    ("zstd-1", ["densefs-zstd-1", "btrfs-zstd1"]),
+    ("zstd-3", ["densefs-zstd-3", "btrfs-zstd3"]),
+    ("lzjb", ["densefs-lzjb", "zfs-lzjb"]),
+    ("zle", ["densefs-zle", "zfs-zle"]),
+]
+
+
+def f2(x, nd=2):
+    return "–" if x is None else f"{x:.{nd}f}"
+
+
+def cost_eff(mb_s, ratio, util):
+    """QZFS's cost-efficiency: throughput x compression ratio / CPU utilisation."""
+    if mb_s is None or ratio is None or not util:
+        return None
+    return mb_s * ratio / util
+
+
+def table(head, rows):
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+class R:
+    """Indexes over results.json."""
+
+    def __init__(self, res):
+        self.res = res
+        self.sys = res["systems"]
+        self.order = list(self.sys)
+        self.copy = {(c["system"], c["cores"], c["data"]): c for c in res["copy"] if "copy" in c and "read" in c}
+        self.cores = sorted({c["cores"] for c in res["copy"]}, reverse=True)
+        self.n = self.cores[0] if self.cores else None
+
+    def name(self, sid):
+        return self.sys[sid]["name"]
+
+    def color(self, sid):
+        return COLORS.get(self.sys[sid]["family"], "#333333")
+
+    def rel(self, sid, cores, data, what):
+        """`what` (copy/read) seconds relative to the bare directory in the same run and phase."""
+        c, b = self.copy.get((sid, cores, data)), self.copy.get(("bare", cores, data))
+        if not c or not b:
+            return None
+        return c[what]["seconds"] / b[what]["seconds"]
+
+    def systems_with(self, cores, data):
+        return [s for s in self.order if (s, cores, data) in self.copy]
+
+
+def plots(r, out):
+    """The seeds' graphs: bar charts per system. Returns the list of PNG names written."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as e:
+        return [], f"no plots: matplotlib missing ({e})"
+    written = []
+
+    def barh(ax, sids, vals, title, xlabel, ref=None, fmt="{:.2f}"):
+        y = range(len(sids))
+        v = [x if x is not None else 0 for x in vals]
+        ax.barh(list(y), v, color=[r.color(s) for s in sids])
+        ax.set_yticks(list(y))
+        ax.set_yticklabels([r.name(s) for s in sids], fontsize=7)
+        ax.invert_yaxis()
+        ax.set_title(title, fontsize=9)
+        ax.set_xlabel(xlabel, fontsize=8)
+        ax.tick_params(axis="x", labelsize=7)
+        if ref is not None:
+            ax.axvline(ref, color="k", lw=0.6, ls="--")
+        for i, x in enumerate(vals):
+            if x is not None:
+                ax.text(x, i, " " + fmt.format(x), va="center", fontsize=6)
+
+    def save(fig, name):
+        fig.tight_layout()
+        fig.savefig(out / name, dpi=80)
+        plt.close(fig)
+        written.append(name)
+
+    n = r.n
+    sids = r.systems_with(n, "fastq")
+    if sids:
+        fig, axs = plt.subplots(1, 4, figsize=(15, 0.28 * len(sids) + 1.2))
+        barh(axs[0], sids, [r.rel(s, n, "fastq", "copy") for s in sids], f"copy time vs bare ({n} cores)",
+             "x bare dir (lower is better)", 1)
+        barh(axs[1], sids, [r.copy[(s, n, "fastq")]["ratio"] for s in sids], "compression ratio (FASTQ)",
+             "logical / physical", 1)
+        cpu = [r.copy[(s, n, "fastq")]["copy"] for s in sids]
+        barh(axs[2], sids, [c["cpu_busy_s"] for c in cpu], "CPU during copy (all processes)", "CPU seconds",
+             fmt="{:.1f}")
+        barh(axs[3], sids, [c["fs_cpu_s"] for c in cpu], "CPU of the FS daemon (FUSE ones)", "CPU seconds",
+             fmt="{:.1f}")
+        save(fig, "copy.png")
+
+        fig, axs = plt.subplots(1, 3, figsize=(12, 0.28 * len(sids) + 1.2))
+        barh(axs[0], sids, [r.rel(s, n, "fastq", "read") for s in sids], f"cold read time vs bare ({n} cores)",
+             "x bare dir (lower is better)", 1)
+        rd = [r.copy[(s, n, "fastq")]["read"] for s in sids]
+        barh(axs[1], sids, [c["mb_s"] for c in rd], "cold read throughput", "MB/s (logical)", fmt="{:.0f}")
+        barh(axs[2], sids, [c["cpu_busy_s"] for c in rd], "CPU during read", "CPU seconds", fmt="{:.1f}")
+        save(fig, "read.png")
+
+        fig, axs = plt.subplots(1, 2, figsize=(11, 0.28 * len(sids) + 1.2))
+        barh(axs[0], sids, [cost_eff(r.copy[(s, n, "fastq")]["copy"]["mb_s"], r.copy[(s, n, "fastq")]["ratio"],
+                                     r.copy[(s, n, "fastq")]["copy"]["cpu_util"]) for s in sids],
+             "cost-efficiency, copy (QZFS)", "MB/s x ratio / CPU utilisation (higher is better)", fmt="{:.0f}")
+        barh(axs[1], sids, [cost_eff(r.copy[(s, n, "fastq")]["read"]["mb_s"], r.copy[(s, n, "fastq")]["ratio"],
+                                     r.copy[(s, n, "fastq")]["read"]["cpu_util"]) for s in sids],
+             "cost-efficiency, cold read (QZFS)", "MB/s x ratio / CPU utilisation", fmt="{:.0f}")
+        save(fig, "cost.png")
+
+    if len(r.cores) > 1:
+        one = r.cores[-1]
+        sids = [s for s in r.systems_with(n, "fastq") if (s, one, "fastq") in r.copy]
+        if sids:
+            import numpy as np
+            fig, axs = plt.subplots(1, 2, figsize=(12, 0.32 * len(sids) + 1.2))
+            y = np.arange(len(sids))
+            for ax, what in zip(axs, ("copy", "read")):
+                for k, (c, off) in enumerate(((n, -0.2), (one, 0.2))):
+                    v = [r.copy[(s, c, "fastq")][what]["seconds"] for s in sids]
+                    ax.barh(y + off, v, height=0.4, label=f"{c} core{'s' if c > 1 else ''}",
+                            color=[r.color(s) for s in sids], alpha=1.0 if k == 0 else 0.45)
+                ax.set_yticks(y)
+                ax.set_yticklabels([r.name(s) for s in sids], fontsize=7)
+                ax.invert_yaxis()
+                ax.set_xscale("log")
+                ax.set_xlabel("seconds (log; dark: all cores, light: 1 core)", fontsize=8)
+                ax.set_title(f"{what} of the FASTQ: {n} cores vs {one}", fontsize=9)
+            save(fig, "cores.png")
+
+    others = [d for d in ("random", "fio90") if r.systems_with(n, d)]
+    if others:
+        import numpy as np
+        sids = r.systems_with(n, "fastq")
+        fig, ax = plt.subplots(figsize=(7, 0.32 * len(sids) + 1.2))
+        y = np.arange(len(sids))
+        for k, d in enumerate(["fastq"] + others):
+            v = [r.copy.get((s, n, d), {}).get("ratio", 0) for s in sids]
+            ax.barh(y + (k - 1) * 0.27, v, height=0.27, label=d)
+        ax.set_yticks(y)
+        ax.set_yticklabels([r.name(s) for s in sids], fontsize=7)
+        ax.invert_yaxis()
+        ax.legend(fontsize=7)
+        ax.set_title("compression ratio by data", fontsize=9)
+        save(fig, "ratios.png")
+
+    fio = [f for f in r.res["fio"] if f.get("jobs")]
+    if fio:
+        keys = []
+        for f in fio:
+            for j in f["jobs"]:
+                k = (j["rw"], j["bs"], j["iodepth"])
+                if k not in keys:
+                    keys.append(k)
+        rws = [rw for rw in ("write", "randwrite", "read", "randread") if any(k[0] == rw for k in keys)]
+        pts = []
+        for k in keys:
+            if (k[1], k[2]) not in pts:
+                pts.append((k[1], k[2]))
+        sids = [f["system"] for f in fio]
+        fig, axs = plt.subplots(len(rws), len(pts), figsize=(3.6 * len(pts) + 0.5, (0.2 * len(sids) + 0.9) * len(rws)),
+                                squeeze=False)
+        for i, rw in enumerate(rws):
+            for k, (bs, qd) in enumerate(pts):
+                vals = []
+                for f in fio:
+                    j = next((j for j in f["jobs"] if (j["rw"], j["bs"], j["iodepth"]) == (rw, bs, qd)), {})
+                    vals.append(j.get("mb_s"))
+                barh(axs[i][k], sids, vals, f"fio {rw} bs={bs} iodepth={qd}", "MB/s", fmt="{:.0f}")
+                if k:
+                    axs[i][k].set_yticklabels([])
+        save(fig, "fio.png")
+
+    sam = [s for s in r.res["samtools"] if "seconds" in s]
+    base = next((s["seconds"] for s in sam if s["system"] == "densefs-off"), None)
+    if sam and base:
+        fig, ax = plt.subplots(figsize=(6, 0.28 * len(sam) + 1.2))
+        barh(ax, [s["system"] for s in sam], [s["seconds"] / base for s in sam],
+             "samtools sort -@2: time vs densefs off", "x densefs off (lower is better)", 1)
+        save(fig, "samtools.png")
+    return written, None
+
+
+def make(res, out):
+    out = Path(out)
+    r = R(res)
+    m = res["meta"]
+    n = r.n
+    md = []
+    md.append("# densefs benchmarks beside real peers\n")
+    md.append(f"Run `{m['mode']}` started {m['started']} on {m['host']}: {m['cpus']} × {m['cpu_model']}, "
+              f"{m['mem_gib']} GiB; took {m.get('seconds', 0):.0f} s. Produced by `bench/run` "
+              "(bench/harness.py); re-render with `bench/report.py results.json`.\n")
+    v = m.get("versions", {})
+    if v:
+        md.append("Versions: " + ", ".join(f"{k} {x}" for k, x in v.items() if x) + ".\n")
+    d = m.get("data", {})
+    if d:
+        md.append("Data: " + "; ".join(f"{k} `{x['file']}` {x['bytes'] / 1e6:.1f} MB" for k, x in d.items()) +
+                  ". The FASTQ holds real Illumina reads (`samtools fastq` of Debian's drop-seq-testdata BAMs); "
+                  "`fio90` is fio's 90%-compressible fill (per 16 KiB: 90% zeros, 10% random); the SAM is "
+                  "`samtools view -h` of the largest BAM.\n")
+    md.append("Times vary on this shared machine: compare the ratios to the bare directory of the same run, "
+              "not absolute seconds across runs. CPU is from /proc/stat over the cores in use (user+sys, "
+              "as dstat), and `FS cpu` is the file system's own process (utime+stime of the densefs / "
+              "bindfs / zfs-fuse daemon; btrfs compresses in kernel threads, counted only in the total). "
+              "Cost-efficiency is QZFS's: throughput (MB/s of logical data) × compression ratio / CPU "
+              "utilisation (fraction of the cores in use).\n")
+    if res["skipped"]:
+        md.append("## Skipped\n")
+        md.append(table(["system", "reason"], [[r.name(s["system"]) if s["system"] in r.sys else s["system"],
+                                                s["reason"].replace("|", "/")] for s in res["skipped"]]))
+    errs = [c for c in res["copy"] if "error" in c] + [f for f in res["fio"] if f.get("error")] + \
+        [s for s in res["samtools"] if "error" in s]
+    if errs:
+        md.append("## Errors\n")
+        md.append(table(["system", "cores", "what", "error"], [
+            [r.name(e["system"]), e.get("cores"), e.get("data", "fio" if "jobs" in e else "samtools"),
+             str(e["error"]).replace("|", "/").replace("\n", " ")[:200]] for e in errs]))
+
+    written, why = plots(r, out)
+    sids = r.systems_with(n, "fastq")
+    sam = {x["system"]: x["seconds"] for x in res["samtools"] if "seconds" in x}
+    one = r.cores[-1] if len(r.cores) > 1 else None
+    rows = []
+    for alg, group in GROUPS:
+        for s in group:
+            c = r.copy.get((s, n, "fastq"))
+            if not c:
+                continue
+            rows.append([alg, r.name(s), f2(c["ratio"]), f2(r.rel(s, n, "fastq", "copy")),
+                         f2(r.rel(s, one, "fastq", "copy")) if one else "–", f2(r.rel(s, n, "fastq", "read")),
+                         f2(c["copy"]["cpu_busy_s"], 1), f2(c["copy"]["fs_cpu_s"], 1),
+                         f2(sam[s] / sam["densefs-off"]) if s in sam and sam.get("densefs-off") else "–",
+                         f2(cost_eff(c["copy"]["mb_s"], c["ratio"], c["copy"]["cpu_util"]), 0)])
+    if rows:
+        md.append("## Summary: densefs beside each peer at the same algorithm (FASTQ)\n")
+        md.append("Times are relative to the bare directory in the same run and phase (lower is better); CPU "
+                  f"seconds are for the copy on {n} cores.\n")
+        md.append(table(["algorithm", "system", "ratio", f"copy vs bare, {n} cores",
+                         f"copy vs bare, {one} core" if one else "copy vs bare, 1 core", "cold read vs bare",
+                         "copy CPU s", "FS daemon CPU s", "samtools sort vs densefs off", "copy cost-eff."], rows))
+    if sids:
+        md.append(f"## 1. Copy: `cp` the FASTQ from page cache, fsync + sync included ({n} cores)\n")
+        if m["args"].get("reps", 1) > 1:
+            md.append(f"Copy and read are repeated {m['args']['reps']} times where the first copy + read took "
+                      f"under {m['args']['rep_limit']} s, and the medians shown (results.json has every run).\n")
+        rows = []
+        for s in sids:
+            c = r.copy[(s, n, "fastq")]
+            k = c["copy"]
+            rows.append([r.name(s), f2(k["seconds"]), f2(k["mb_s"], 0), f2(r.rel(s, n, "fastq", "copy")),
+                         f2(c["ratio"]), f"{k['cpu_user_s']:.1f} / {k['cpu_sys_s']:.1f}", f"{k['cpu_util'] * 100:.0f}%",
+                         f2(k["fs_cpu_s"], 1), f2(cost_eff(k["mb_s"], c["ratio"], k["cpu_util"]), 0)])
+        md.append(table(["system", "s", "MB/s", "time vs bare", "ratio", "CPU user / sys s", "CPU util",
+                         "FS cpu s", "cost-eff."], rows))
+        if "copy.png" in written:
+            md.append("![copy](copy.png)\n")
+        md.append(f"## 2. Cold read: caches dropped, `cat FILE > /dev/null` ({n} cores)\n")
+        md.append("The daemons' own caches are dropped too: densefs and bindfs are remounted, the zfs-fuse pool "
+                  "is exported and imported (its ARC lives in the daemon).\n")
+        rows = []
+        for s in sids:
+            c = r.copy[(s, n, "fastq")]
+            k = c["read"]
+            rows.append([r.name(s), f2(k["seconds"]), f2(k["mb_s"], 0), f2(r.rel(s, n, "fastq", "read")),
+                         f"{k['cpu_user_s']:.1f} / {k['cpu_sys_s']:.1f}", f"{k['cpu_util'] * 100:.0f}%",
+                         f2(k["fs_cpu_s"], 1), f2(cost_eff(k["mb_s"], c["ratio"], k["cpu_util"]), 0)])
+        md.append(table(["system", "s", "MB/s", "time vs bare", "CPU user / sys s", "CPU util", "FS cpu s",
+                         "cost-eff."], rows))
+        if "read.png" in written:
+            md.append("![read](read.png)\n")
+
+    if len(r.cores) > 1:
+        one = r.cores[-1]
+        both = [s for s in sids if (s, one, "fastq") in r.copy]
+        md.append(f"## 3. Fewer cores: {one} core vs {n} (the seeds' 4-core vs 32-core runs)\n")
+        md.append(f"Everything pinned with taskset: the harness, `cp`/`cat`, the daemons (started pinned) and the "
+                  "kernel's unbound workqueues (where btrfs compresses), through "
+                  "/sys/devices/virtual/workqueue/cpumask, restored afterwards.\n")
+        rows = []
+        for s in both:
+            a, b = r.copy[(s, one, "fastq")], r.copy[(s, n, "fastq")]
+            rows.append([r.name(s), f2(a["copy"]["seconds"]), f2(b["copy"]["seconds"]),
+                         f2(a["copy"]["seconds"] / b["copy"]["seconds"]), f2(r.rel(s, one, "fastq", "copy")),
+                         f2(a["read"]["seconds"]), f2(b["read"]["seconds"]),
+                         f2(a["read"]["seconds"] / b["read"]["seconds"]), f2(r.rel(s, one, "fastq", "read"))])
+        md.append(table(["system", f"copy s, {one} core", f"copy s, {n} cores", "copy 1c / Nc",
+                         "copy vs bare, 1 core", f"read s, {one} core", f"read s, {n} cores", "read 1c / Nc",
+                         "read vs bare, 1 core"], rows))
+        if "cores.png" in written:
+            md.append("![cores](cores.png)\n")
+
+    if any(r.systems_with(n, x) for x in ("random", "fio90")):
+        md.append(f"## Other data: incompressible (random) and fio's 90%-compressible buffer ({n} cores)\n")
+        rows = []
+        for s in sids:
+            row = [r.name(s)]
+            for x in ("fastq", "random", "fio90"):
+                c = r.copy.get((s, n, x))
+                row += [f2(c["ratio"]) if c else "–", f2(r.rel(s, n, x, "copy")), f2(r.rel(s, n, x, "read"))]
+            rows.append(row)
+        md.append(table(["system", "FASTQ ratio", "copy vs bare", "read vs bare", "random ratio", "copy vs bare",
+                         "read vs bare", "fio90 ratio", "copy vs bare", "read vs bare"], rows))
+        if "ratios.png" in written:
+            md.append("![ratios](ratios.png)\n")
+
+    fio = [f for f in res["fio"] if f.get("jobs")]
+    if fio:
+        md.append("## 4. fio (NoLoad's runs: libaio, direct=1, buffer_compress_percentage=90, "
+                  "buffer_compress_chunk=16K)\n")
+        md.append(f"File {m['fio_size']} laid out once with 90%-compressible data, then each job "
+                  f"{m['fio_runtime_s']} s, time-based; reads after the writes, caches dropped before each. "
+                  "`file ratio` is the ratio of fio's file after the layout (btrfs does not compress O_DIRECT "
+                  "writes; bindfs clears O_DIRECT). Grid here: " +
+                  ", ".join(f"bs={b} iodepth={q}" for b, q in m["fio_grid"]) +
+                  (" (the full grid: `bench/run --full-fio`)" if m["mode"] != "full-fio" else "") + ".\n")
+        jobs = []
+        for f in fio:
+            for j in f["jobs"]:
+                k = (j["rw"], j["bs"], j["iodepth"])
+                if k not in jobs:
+                    jobs.append(k)
+        bare = next((f for f in fio if f["system"] == "bare"), None)
+        rows = []
+        for f in fio:
+            row = [r.name(f["system"]), f2(f.get("file_ratio"))]
+            for k in jobs:
+                j = next((j for j in f["jobs"] if (j["rw"], j["bs"], j["iodepth"]) == k), {})
+                if "mb_s" in j:
+                    row.append(f"{j['mb_s']:.0f} MB/s, {j['iops']:.0f} IOPS")
+                else:
+                    row.append("error" if j else "–")
+            rows.append(row)
+        md.append(table(["system", "file ratio"] + [f"{a} {b} qd{c}" for a, b, c in jobs], rows))
+        if bare:
+            md.append("Throughput relative to the bare directory, and cost-efficiency (MB/s × file ratio / CPU "
+                      "utilisation):\n")
+            rows = []
+            for f in fio:
+                row = [r.name(f["system"])]
+                for k in jobs:
+                    j = next((j for j in f["jobs"] if (j["rw"], j["bs"], j["iodepth"]) == k), {})
+                    b = next((j for j in bare["jobs"] if (j["rw"], j["bs"], j["iodepth"]) == k), {})
+                    if "mb_s" in j and b.get("mb_s"):
+                        ce = cost_eff(j["mb_s"], f.get("file_ratio"), j["cpu_util"])
+                        row.append(f"{j['mb_s'] / b['mb_s']:.2f}x / {f2(ce, 0)}")
+                    else:
+                        row.append("–")
+                rows.append(row)
+            md.append(table(["system"] + [f"{a} {b} qd{c}" for a, b, c in jobs], rows))
+        if "fio.png" in written:
+            md.append("![fio](fio.png)\n")
+
+    sam = [s for s in res["samtools"] if "seconds" in s]
+    if sam:
+        base = next((s["seconds"] for s in sam if s["system"] == "densefs-off"), None)
+        bare = next((s["seconds"] for s in sam if s["system"] == "bare"), None)
+        md.append("## 5. An application competing for the CPU: `samtools sort -@2` (the seeds' bwa/samtools "
+                  "table)\n")
+        md.append(f"Input SAM ({sam[0]['bytes'] / 1e6:.0f} MB) read cold from the system; temporaries and the "
+                  "BAM written to it; fsync + sync included.\n")
+        rows = [[r.name(s["system"]), f2(s["seconds"]), f2(s["seconds"] / base if base else None),
+                 f2(s["seconds"] / bare if bare else None), f2(s["cpu_busy_s"], 1), f2(s["fs_cpu_s"], 1)]
+                for s in sam]
+        md.append(table(["system", "s", "vs densefs off", "vs bare", "CPU s", "FS cpu s"], rows))
+        if "samtools.png" in written:
+            md.append("![samtools](samtools.png)\n")
+
+    if sids:
+        md.append(f"## 6. Cost-efficiency (QZFS): throughput × ratio / CPU utilisation ({n} cores, FASTQ)\n")
+        rows = []
+        for s in sids:
+            c = r.copy[(s, n, "fastq")]
+            rows.append([r.name(s), f2(c["ratio"]), f2(c["copy"]["mb_s"], 0), f"{c['copy']['cpu_util'] * 100:.0f}%",
+                         f2(cost_eff(c["copy"]["mb_s"], c["ratio"], c["copy"]["cpu_util"]), 0),
+                         f2(c["read"]["mb_s"], 0), f"{c['read']['cpu_util'] * 100:.0f}%",
+                         f2(cost_eff(c["read"]["mb_s"], c["ratio"], c["read"]["cpu_util"]), 0)])
+        md.append(table(["system", "ratio", "copy MB/s", "copy CPU util", "copy cost-eff.", "read MB/s",
+                         "read CPU util", "read cost-eff."], rows))
+        if "cost.png" in written:
+            md.append("![cost](cost.png)\n")
+    if why:
+        md.append(f"_{why}_\n")
+    (out / "report.md").write_text("\n".join(md))
+
+
+if __name__ == "__main__":
+    src = Path(sys.argv[1])
+    make(json.loads(src.read_text()), Path(sys.argv[2]) if len(sys.argv) > 2 else src.parent)
