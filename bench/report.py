@@ -32,6 +32,11 @@ def cost_eff(mb_s, ratio, util):
     return mb_s * ratio / util
 
 
+def runs(rec, what):
+    """Every run's seconds, e.g. `0.29 0.40 0.44`."""
+    return " ".join(f"{x:.2f}" for x in rec.get(f"{what}_all_s", []))
+
+
 def table(head, rows):
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     lines += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
@@ -222,6 +227,10 @@ def make(res, out):
                   ". The FASTQ holds real Illumina reads (`samtools fastq` of Debian's drop-seq-testdata BAMs); "
                   "`fio90` is fio's 90%-compressible fill (per 16 KiB: 90% zeros, 10% random); the SAM is "
                   "`samtools view -h` of the largest BAM.\n")
+    if "loadavg_start" in m:
+        md.append(f"Load average (1, 5, 15 min) at the start {', '.join(f'{x:.1f}' for x in m['loadavg_start'])}, "
+                  f"at the end {', '.join(f'{x:.1f}' for x in m.get('loadavg_end', []))}: other work on the "
+                  "machine shows up as noise.\n")
     md.append("Times vary on this shared machine: compare the ratios to the bare directory of the same run, "
               "not absolute seconds across runs. CPU is from /proc/stat over the cores in use (user+sys, "
               "as dstat), and `FS cpu` is the file system's own process (utime+stime of the densefs / "
@@ -266,16 +275,18 @@ def make(res, out):
         md.append(f"## 1. Copy: `cp` the FASTQ from page cache, fsync + sync included ({n} cores)\n")
         if m["args"].get("reps", 1) > 1:
             md.append(f"Copy and read are repeated {m['args']['reps']} times where the first copy + read took "
-                      f"under {m['args']['rep_limit']} s, and the medians shown (results.json has every run).\n")
+                      f"under {m['args']['rep_limit']} s; the tables show the best run (other work on this shared "
+                      "machine only adds time) and `runs` lists them all.\n")
         rows = []
         for s in sids:
             c = r.copy[(s, n, "fastq")]
             k = c["copy"]
             rows.append([r.name(s), f2(k["seconds"]), f2(k["mb_s"], 0), f2(r.rel(s, n, "fastq", "copy")),
                          f2(c["ratio"]), f"{k['cpu_user_s']:.1f} / {k['cpu_sys_s']:.1f}", f"{k['cpu_util'] * 100:.0f}%",
-                         f2(k["fs_cpu_s"], 1), f2(cost_eff(k["mb_s"], c["ratio"], k["cpu_util"]), 0)])
+                         f2(k["fs_cpu_s"], 1), f2(cost_eff(k["mb_s"], c["ratio"], k["cpu_util"]), 0),
+                         runs(c, "copy")])
         md.append(table(["system", "s", "MB/s", "time vs bare", "ratio", "CPU user / sys s", "CPU util",
-                         "FS cpu s", "cost-eff."], rows))
+                         "FS cpu s", "cost-eff.", "runs s"], rows))
         if "copy.png" in written:
             md.append("![copy](copy.png)\n")
         md.append(f"## 2. Cold read: caches dropped, `cat FILE > /dev/null` ({n} cores)\n")
@@ -287,9 +298,10 @@ def make(res, out):
             k = c["read"]
             rows.append([r.name(s), f2(k["seconds"]), f2(k["mb_s"], 0), f2(r.rel(s, n, "fastq", "read")),
                          f"{k['cpu_user_s']:.1f} / {k['cpu_sys_s']:.1f}", f"{k['cpu_util'] * 100:.0f}%",
-                         f2(k["fs_cpu_s"], 1), f2(cost_eff(k["mb_s"], c["ratio"], k["cpu_util"]), 0)])
+                         f2(k["fs_cpu_s"], 1), f2(cost_eff(k["mb_s"], c["ratio"], k["cpu_util"]), 0),
+                         runs(c, "read")])
         md.append(table(["system", "s", "MB/s", "time vs bare", "CPU user / sys s", "CPU util", "FS cpu s",
-                         "cost-eff."], rows))
+                         "cost-eff.", "runs s"], rows))
         if "read.png" in written:
             md.append("![read](read.png)\n")
 
@@ -306,10 +318,11 @@ def make(res, out):
             rows.append([r.name(s), f2(a["copy"]["seconds"]), f2(b["copy"]["seconds"]),
                          f2(a["copy"]["seconds"] / b["copy"]["seconds"]), f2(r.rel(s, one, "fastq", "copy")),
                          f2(a["read"]["seconds"]), f2(b["read"]["seconds"]),
-                         f2(a["read"]["seconds"] / b["read"]["seconds"]), f2(r.rel(s, one, "fastq", "read"))])
+                         f2(a["read"]["seconds"] / b["read"]["seconds"]), f2(r.rel(s, one, "fastq", "read")),
+                         runs(a, "copy"), runs(a, "read")])
         md.append(table(["system", f"copy s, {one} core", f"copy s, {n} cores", "copy 1c / Nc",
                          "copy vs bare, 1 core", f"read s, {one} core", f"read s, {n} cores", "read 1c / Nc",
-                         "read vs bare, 1 core"], rows))
+                         "read vs bare, 1 core", "1-core copy runs s", "1-core read runs s"], rows))
         if "cores.png" in written:
             md.append("![cores](cores.png)\n")
 
@@ -333,8 +346,9 @@ def make(res, out):
                   "buffer_compress_chunk=16K)\n")
         md.append(f"File {m['fio_size']} laid out once with 90%-compressible data, then each job "
                   f"{m['fio_runtime_s']} s, time-based; reads after the writes, caches dropped before each. "
-                  "`file ratio` is the ratio of fio's file after the layout (btrfs does not compress O_DIRECT "
-                  "writes; bindfs clears O_DIRECT). Grid here: " +
+                  "`file ratio` is the ratio of fio's file after the layout. btrfs turns O_DIRECT on a compressing "
+                  "mount into buffered I/O (so its reads come from the page cache), and bindfs clears O_DIRECT. "
+                  "Grid here: " +
                   ", ".join(f"bs={b} iodepth={q}" for b, q in m["fio_grid"]) +
                   (" (the full grid: `bench/run --full-fio`)" if m["mode"] != "full-fio" else "") + ".\n")
         jobs = []
@@ -381,11 +395,12 @@ def make(res, out):
         md.append("## 5. An application competing for the CPU: `samtools sort -@2` (the seeds' bwa/samtools "
                   "table)\n")
         md.append(f"Input SAM ({sam[0]['bytes'] / 1e6:.0f} MB) read cold from the system; temporaries and the "
-                  "BAM written to it; fsync + sync included.\n")
+                  "BAM written to it; fsync + sync included; the best of the runs listed.\n")
         rows = [[r.name(s["system"]), f2(s["seconds"]), f2(s["seconds"] / base if base else None),
-                 f2(s["seconds"] / bare if bare else None), f2(s["cpu_busy_s"], 1), f2(s["fs_cpu_s"], 1)]
+                 f2(s["seconds"] / bare if bare else None), f2(s["cpu_busy_s"], 1), f2(s["fs_cpu_s"], 1),
+                 " ".join(f"{x:.2f}" for x in s.get("all_s", []))]
                 for s in sam]
-        md.append(table(["system", "s", "vs densefs off", "vs bare", "CPU s", "FS cpu s"], rows))
+        md.append(table(["system", "s", "vs densefs off", "vs bare", "CPU s", "FS cpu s", "runs s"], rows))
         if "samtools.png" in written:
             md.append("![samtools](samtools.png)\n")
 
