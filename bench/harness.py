@@ -165,13 +165,31 @@ def proc_ticks(pid):
     return int(rest[11]) + int(rest[12])
 
 
+def all_ticks():
+    """{(pid, name): utime + stime} of every process, to name what else ran during a measurement."""
+    t = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/stat") as f:
+                    s = f.read()
+                rest = s.rsplit(")", 1)[1].split()
+                kthread = int(rest[6]) & 0x00200000  # PF_KTHREAD
+                t[(int(d), s[s.index("(") + 1:s.rindex(")")])] = (int(rest[11]) + int(rest[12]), kthread)
+            except (OSError, ValueError, IndexError):
+                pass
+    return t
+
+
 class Meter:
-    """Wall time, CPU of the allowed cores (as dstat does) and of the file system's own process."""
+    """Wall time, CPU of the allowed cores (as dstat does) and of the file system's own process; the
+    busiest processes of the interval (`top`) show what else competed for the CPU."""
 
     def __init__(self, cpus, pids=()):
         self.cpus, self.pids, self.r = cpus, list(pids), {}
 
     def __enter__(self):
+        self.a0 = all_ticks()
         self.p0 = {p: proc_ticks(p) for p in self.pids}
         self.s0 = cpu_ticks(self.cpus)
         self.t0 = time.perf_counter()
@@ -188,6 +206,13 @@ class Meter:
             fs = sum(proc_ticks(p) - t0 for p, t0 in self.p0.items()) / CLK if self.pids else None
         except OSError:
             fs = None
+        a1 = all_ticks()
+        used = sorted(((a1[k][0] - v[0], k, v[1]) for k, v in self.a0.items() if k in a1 and a1[k][0] > v[0]),
+                      reverse=True)
+        self.r["top"] = [f"{name}[{pid}] {t / CLK:.2f}s" for t, (pid, name), _ in used[:3]]
+        # user processes that are neither the harness, its clients (cp, cat: gone by now) nor the file system
+        ours = set(self.pids) | {os.getpid()}
+        self.r["foreign_cpu_s"] = sum(t for t, (pid, _), kt in used if not kt and pid not in ours) / CLK
         self.r.update(seconds=t, cpu_user_s=(user + nice) / CLK, cpu_sys_s=(system + irq + softirq) / CLK,
                       cpu_iowait_s=iowait / CLK, cpu_busy_s=busy / CLK, cpu_util=busy / total, fs_cpu_s=fs)
         return False

@@ -417,6 +417,19 @@ def make(res, out):
                          "read CPU util", "read cost-eff."], rows))
         if "cost.png" in written:
             md.append("![cost](cost.png)\n")
+    noisy = []
+    for c in res["copy"]:
+        for what in ("copy", "read"):
+            k = c.get(what) or {}
+            if k.get("foreign_cpu_s", 0) > 0.1 * k.get("seconds", 0) * c["cores"] and k.get("foreign_cpu_s", 0) > 0.05:
+                noisy.append([r.name(c["system"]), c["cores"], c["data"], what, f2(k["seconds"]),
+                              f2(k["foreign_cpu_s"]), ", ".join(k.get("top", []))])
+    if noisy:
+        md.append("## Interference\n")
+        md.append("Kept measurements during which other users' processes (not the harness, its clients or the file "
+                  "system under test) used more than 10% of the cores in use; `top` names the busiest processes "
+                  "of the interval. Treat these rows with care.\n")
+        md.append(table(["system", "cores", "data", "what", "s", "foreign CPU s", "top"], noisy))
     if why:
         md.append(f"_{why}_\n")
     (out / "report.md").write_text("\n".join(md))
