@@ -177,6 +177,48 @@ pub fn property_rows(path: &Path, report: &Value, parsable: bool) -> Vec<Row> {
     rows
 }
 
+/// The engine's counters as read-only `engine.*` properties of a mount (they cover the whole
+/// mount, whichever path is asked about).
+pub fn engine_rows(snapshot: &Value, parsable: bool) -> Vec<(String, String)> {
+    let size = |n: u64| if parsable { n.to_string() } else { human(n) };
+    let mut rows = Vec::new();
+    let states: Vec<String> = snapshot["backends"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|b| format!("{}({})", b["name"].as_str().unwrap_or("?"), b["state"].as_str().unwrap_or("?")))
+        .collect();
+    rows.push(("engine.backends".to_string(), states.join(",")));
+    for b in snapshot["backends"].as_array().into_iter().flatten() {
+        let name = b["name"].as_str().unwrap_or("?");
+        for op in ["compress", "decompress"] {
+            for (alg, c) in b[op].as_object().into_iter().flatten() {
+                let n = |k: &str| c[k].as_u64().unwrap_or(0);
+                let prefix = format!("engine.{name}.{op}.{alg}");
+                rows.push((format!("{prefix}.records"), n("records").to_string()));
+                rows.push((format!("{prefix}.bytes_in"), size(n("bytes_in"))));
+                rows.push((format!("{prefix}.bytes_out"), size(n("bytes_out"))));
+            }
+        }
+        rows.push((format!("engine.{name}.busy"), format!("{:.1}s", b["busy_s"].as_f64().unwrap_or(0.0))));
+        if name != "cpu" {
+            rows.push((format!("engine.{name}.errors"), b["errors"].as_u64().unwrap_or(0).to_string()));
+            rows.push((format!("engine.{name}.resets"), b["resets"].as_u64().unwrap_or(0).to_string()));
+        }
+    }
+    for (why, n) in snapshot["fallbacks"].as_object().into_iter().flatten() {
+        rows.push((format!("engine.fallbacks.{why}"), n.as_u64().unwrap_or(0).to_string()));
+    }
+    for (what, n) in snapshot["records"].as_object().into_iter().flatten() {
+        let n = n.as_u64().unwrap_or(0);
+        rows.push((format!("engine.{what}"), if what.ends_with("bytes") { size(n) } else { n.to_string() }));
+    }
+    for (alg, n) in snapshot["auto"].as_object().into_iter().flatten() {
+        rows.push((format!("engine.auto.{alg}"), n.as_u64().unwrap_or(0).to_string()));
+    }
+    rows
+}
+
 pub fn print_table(header: &[&str], rows: &[Vec<String>], scripted: bool) {
     if scripted {
         for r in rows {

@@ -2,7 +2,7 @@
 //!
 //! Layers, bottom up (see docs/ARCHITECTURE.md):
 //! - [`codec`]: pure compress/decompress functions, one table row per codec;
-//! - [`engine`]: the compression service engine — policy and backends (a CPU pool for now);
+//! - [`engine`]: the compression service engine — policies, the CPU pool and accelerators;
 //! - [`format`]: the container format (header, slot descriptors) and its offset arithmetic;
 //! - [`core`]: the file system, independent of FUSE;
 //! - [`fuse`]: the thin FUSE adapter;
@@ -16,5 +16,6 @@ pub mod engine;
 pub mod format;
 pub mod fuse;
 pub mod inspect;
+pub mod iostat;
 pub mod logging;
 pub mod mount;

@@ -17,10 +17,16 @@ enum Command {
     /// Mount LOWER on MOUNTPOINT: files written through MOUNTPOINT are stored compressed in LOWER.
     ///
     /// Options (-o, comma-separated, repeatable):
-    ///   compression=ALG   off | on | lz4 | gzip | gzip-1..9 | zstd | zstd-1..19 | zstd-fast-1..10 | lzjb | zle (default lz4)
+    ///   compression=ALG   off | on | lz4 | gzip | gzip-1..9 | zstd | zstd-1..19 | zstd-fast-1..10 | lzjb | zle
+    ///                     | auto (picked per record from the data and the load) (default lz4)
     ///   recordsize=SIZE   power of two from 4K to 1M (default 128K)
     ///   checksum=KIND     crc32c | xxh3 (default crc32c)
     ///   min_savings=PCT   keep a compressed record only if it saves this much (default 12.5%)
+    ///   offload=WHERE     auto | cpu | gpu: where records are compressed (default auto: an
+    ///                     accelerator when present and worth it, the CPU alongside)
+    ///   offload_min=SIZE, offload_max=SIZE   records outside go to the CPU (default 4K, 1M)
+    ///   precheck=on|off   skip slow codecs on data that looks incompressible (default on)
+    ///   verify=on|off     decode accelerator output on the CPU before storing it (default on)
     ///   threads=N         FUSE request threads
     ///   allow_other, ro, nosuid, nodev, noexec, noatime, ...  as for any mount
     /// These are the root directory's defaults; `densefs set` overrides them below a directory.
@@ -121,8 +127,57 @@ enum Command {
         #[arg(required = true, num_args = 1..)]
         paths: Vec<PathBuf>,
     },
+    /// Live view of the compression engine of a mount, one line per interval (like zpool iostat):
+    /// logical MB/s written, MB/s stored, ratio, MB/s read, the daemon's CPU %, the share of
+    /// bytes an accelerator compressed, fallbacks to the CPU per second, device errors. The first
+    /// line covers the time since the mount.
+    Iostat {
+        /// Seconds between lines.
+        #[arg(short = 'w', long = "wait", default_value_t = 1.0, value_name = "SECONDS")]
+        interval: f64,
+        /// Stop after this many lines.
+        #[arg(short = 'c', long)]
+        count: Option<u64>,
+        /// Also one line per backend and algorithm.
+        #[arg(short = 'v')]
+        verbose: bool,
+        mountpoint: PathBuf,
+    },
+    /// Benchmarks.
+    Bench {
+        #[command(subcommand)]
+        what: BenchWhat,
+    },
     /// Print shell completions (bash, zsh, fish, elvish, powershell) to stdout.
     Completions { shell: clap_complete::Shell },
+}
+
+#[derive(Subcommand)]
+enum BenchWhat {
+    /// Compression and decompression GB/s, ratio and CPU seconds per GB of each backend and
+    /// algorithm on FILE, in-process (no FUSE), through the engine's policies. One line per
+    /// (backend, algorithm); OFFLOADED is the share of records the backend itself compressed.
+    Engine {
+        /// cpu, gpu or all (every backend this machine has).
+        #[arg(long, default_value = "all")]
+        backend: String,
+        #[arg(long, value_delimiter = ',', default_value = "lz4,gzip-1,gzip-6,gzip-9,zstd-3")]
+        compression: Vec<String>,
+        #[arg(long, default_value = "128K")]
+        recordsize: String,
+        /// CPU worker threads (default: every core).
+        #[arg(long)]
+        threads: Option<usize>,
+        /// Run each measurement this many times and keep the fastest.
+        #[arg(long, default_value_t = 1)]
+        repeat: usize,
+        /// Compress everything, even data that looks incompressible.
+        #[arg(long)]
+        no_precheck: bool,
+        #[arg(long)]
+        json: bool,
+        file: PathBuf,
+    },
 }
 
 fn main() -> ExitCode {
@@ -144,6 +199,16 @@ fn main() -> ExitCode {
         Command::Stat { json, files } => stat(json, &files),
         Command::Scrub { json, path } => return scrub(json, &path),
         Command::Recompress { recursive, settings, quiet, paths } => recompress(recursive, settings.unwrap_or_default(), quiet, &paths),
+        Command::Iostat { interval, count, verbose, mountpoint } => {
+            if interval.is_finite() && interval > 0.0 {
+                densefs::iostat::run(&mountpoint, interval, count, verbose)
+            } else {
+                Err(format!("invalid interval {interval}"))
+            }
+        }
+        Command::Bench { what: BenchWhat::Engine { backend, compression, recordsize, threads, repeat, no_precheck, json, file } } => {
+            bench_engine(&backend, &compression, &recordsize, threads, repeat, !no_precheck, json, &file)
+        }
         Command::Completions { shell } => {
             clap_complete::generate(shell, &mut Cli::command(), "densefs", &mut std::io::stdout());
             Ok(())
@@ -202,8 +267,14 @@ fn get(scripted: bool, parsable: bool, columns: &[String], json: bool, propertie
         if settable_only {
             rows.retain(|r| densefs::core::props::SETTABLE.contains(&r.property.as_str()));
         }
+        if wanted.iter().any(|w| *w == "all" || w.starts_with("engine.")) {
+            let snapshot = admin::report(path, "engine")?;
+            for (property, value) in admin::engine_rows(&snapshot, parsable) {
+                rows.push(admin::Row { name: path.display().to_string(), property, value, source: "-".into() });
+            }
+        }
         for w in &wanted {
-            if *w != "all" && !rows.iter().any(|r| r.property == *w) && !w.starts_with("records_") {
+            if *w != "all" && !rows.iter().any(|r| r.property == *w) && !w.starts_with("records_") && !w.starts_with("engine.") {
                 return Err(format!("unknown property '{w}'"));
             }
         }
@@ -226,6 +297,54 @@ fn get(scripted: bool, parsable: bool, columns: &[String], json: bool, propertie
     } else {
         let header: Vec<String> = columns.iter().map(|c| c.to_uppercase()).collect();
         print_table(&header.iter().map(String::as_str).collect::<Vec<_>>(), &table, scripted);
+    }
+    Ok(())
+}
+
+#[allow(clippy::too_many_arguments)]
+fn bench_engine(backend: &str, compression: &[String], recordsize: &str, threads: Option<usize>, repeat: usize, precheck: bool, json: bool, file: &Path) -> Result<(), String> {
+    use densefs::engine::bench::{self, BenchOptions, BenchRow};
+    let compressions = compression
+        .iter()
+        .map(|c| densefs::codec::Compression::parse(c).and_then(|c| if c.codec == densefs::codec::Codec::Auto { Err("auto is not a codec to measure".into()) } else { Ok(c) }))
+        .collect::<Result<Vec<_>, _>>()?;
+    let record_size = densefs::core::props::parse_recordsize(recordsize)?.record_size() as usize;
+    let cpu_threads = threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()));
+    let (devices, notes) = densefs::engine::detect_devices(&mut densefs::engine::EngineConfig::new(cpu_threads))?;
+    let backends: Vec<String> = match backend {
+        "all" => {
+            for n in &notes {
+                eprintln!("note: {n}");
+            }
+            std::iter::once("cpu".to_string()).chain(devices.iter().map(|d| d.name().to_string())).collect()
+        }
+        "cpu" => vec!["cpu".into()],
+        name if devices.iter().any(|d| d.name() == name) => vec![name.into()],
+        name => return Err(format!("no {name} backend on this machine ({})", notes.join("; "))),
+    };
+    let data = std::fs::read(file).map_err(|e| format!("{}: {e}", file.display()))?;
+    if data.is_empty() {
+        return Err(format!("{}: empty file", file.display()));
+    }
+    let options = BenchOptions { backends, compressions, record_size, cpu_threads, precheck, repeat };
+    if !json {
+        println!("# {} ({} bytes), records of {}, {} CPU threads", file.display(), data.len(), recordsize, cpu_threads);
+        println!("{}", BenchRow::header());
+    }
+    let rows = bench::run(&options, &data, &devices, |row| {
+        if !json {
+            println!("{}", row.line());
+        }
+    })?;
+    if json {
+        let out = serde_json::json!({
+            "file": file.display().to_string(),
+            "bytes": data.len(),
+            "record_size": record_size,
+            "cpu_threads": cpu_threads,
+            "rows": rows.iter().map(BenchRow::json).collect::<Vec<_>>(),
+        });
+        println!("{}", serde_json::to_string_pretty(&out).expect("BUG: JSON"));
     }
     Ok(())
 }

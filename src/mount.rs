@@ -3,7 +3,7 @@
 use crate::checksum::ChecksumKind;
 use crate::codec::Compression;
 use crate::core::{DenseFs, Options};
-use crate::engine::{Engine, MinSavings};
+use crate::engine::{Engine, EngineConfig, MinSavings, Offload};
 use crate::format::Layout;
 use crate::fuse::FuseAdapter;
 use fuser::{MountOption, SessionACL};
@@ -25,6 +25,30 @@ pub struct MountConfig {
     pub fuse_options: Vec<MountOption>,
     pub allow_other: bool,
     pub threads: usize,
+    /// Engine policy knobs: size window, pre-check, verification of accelerator output.
+    pub engine: EngineKnobs,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct EngineKnobs {
+    pub offload_window: (usize, usize),
+    pub precheck: bool,
+    pub verify: bool,
+}
+
+impl Default for EngineKnobs {
+    fn default() -> EngineKnobs {
+        let d = EngineConfig::new(1);
+        EngineKnobs { offload_window: d.offload_window, precheck: d.precheck, verify: d.verify }
+    }
+}
+
+fn on_off(key: &str, value: Option<&str>) -> Result<bool, String> {
+    match value {
+        None | Some("on") => Ok(true),
+        Some("off") => Ok(false),
+        Some(v) => Err(format!("invalid {key} '{v}' (on or off)")),
+    }
 }
 
 fn parse_size(text: &str) -> Option<u64> {
@@ -48,6 +72,7 @@ pub fn parse_mount_options(list: &str) -> Result<MountConfig, String> {
     let mut fuse_options = Vec::new();
     let mut allow_other = unsafe { libc::geteuid() } == 0;
     let mut threads = std::thread::available_parallelism().map_or(4, |n| n.get()).clamp(4, 16);
+    let mut engine = EngineKnobs::default();
     for item in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
         let (key, value) = match item.split_once('=') {
             Some((k, v)) => (k, Some(v)),
@@ -66,6 +91,14 @@ pub fn parse_mount_options(list: &str) -> Result<MountConfig, String> {
             }
             "checksum" => options.checksum = ChecksumKind::parse(&need(value)?)?,
             "min_savings" => options.min_savings = MinSavings::parse(&need(value)?)?,
+            "offload" => options.offload = Offload::parse(&need(value)?)?,
+            "offload_min" | "offload_max" => {
+                let v = need(value)?;
+                let n = parse_size(&v).filter(|n| (1..=1 << 20).contains(n)).ok_or_else(|| format!("invalid {key} '{v}' (a size up to 1M, e.g. 4K)"))?;
+                if key == "offload_min" { engine.offload_window.0 = n as usize } else { engine.offload_window.1 = n as usize }
+            }
+            "precheck" => engine.precheck = on_off(key, value)?,
+            "verify" => engine.verify = on_off(key, value)?,
             "threads" => {
                 let v = need(value)?;
                 threads = v.parse().ok().filter(|n| (1..=256).contains(n)).ok_or_else(|| format!("invalid threads '{v}' (1..256)"))?;
@@ -90,7 +123,10 @@ pub fn parse_mount_options(list: &str) -> Result<MountConfig, String> {
             _ => return Err(format!("unknown mount option '{item}' (see densefs mount --help)")),
         }
     }
-    Ok(MountConfig { options, fuse_options, allow_other, threads })
+    if engine.offload_window.0 > engine.offload_window.1 {
+        return Err("offload_min is larger than offload_max".to_string());
+    }
+    Ok(MountConfig { options, fuse_options, allow_other, threads, engine })
 }
 
 fn cpath(p: &Path) -> CString {
@@ -105,6 +141,27 @@ fn lock_lower(lower: &Path, wait: bool) -> std::io::Result<File> {
         return Err(std::io::Error::last_os_error());
     }
     Ok(dir)
+}
+
+/// The compression engine the mount asked for, with the accelerators this machine has.
+fn build_engine(config: &MountConfig) -> Result<Engine, String> {
+    let mut engine_config = EngineConfig::new(std::thread::available_parallelism().map_or(2, |n| n.get()));
+    engine_config.offload_window = config.engine.offload_window;
+    engine_config.precheck = config.engine.precheck;
+    engine_config.verify = config.engine.verify;
+    let (devices, notes) = crate::engine::detect_devices(&mut engine_config)?;
+    if let Offload::Only(name) = config.options.offload {
+        if !devices.iter().any(|d| d.name() == name) {
+            return Err(format!("offload={name}: no {name} backend available ({})", notes.join("; ")));
+        }
+    }
+    for d in &devices {
+        tracing::info!(device = d.name(), "accelerator found");
+    }
+    for note in &notes {
+        tracing::info!("{note}");
+    }
+    Ok(Engine::with_devices(engine_config, devices))
 }
 
 /// Is some densefs mount serving `lower` right now?
@@ -239,8 +296,10 @@ fn serve(
     let signals = block_termination_signals();
     unsafe { libc::umask(0) };
     raise_fd_limit();
-    let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
-    let engine = Arc::new(Engine::new(threads));
+    let engine = match build_engine(config) {
+        Ok(e) => Arc::new(e),
+        Err(e) => return Err(fail(&mut ready, e)),
+    };
     let fs = match DenseFs::new(lower, config.options, engine) {
         Ok(fs) => Arc::new(fs),
         Err(e) => return Err(fail(&mut ready, e.to_string())),

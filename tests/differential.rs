@@ -932,6 +932,8 @@ struct Config {
     name: &'static str,
     options: &'static str,
     record_size: u64,
+    /// A fault spec for the test accelerator (DENSEFS_TEST_ACCELERATOR), if the mount uses one.
+    accelerator: Option<&'static str>,
 }
 
 struct Failure {
@@ -953,8 +955,9 @@ fn daemon_pid(m: &common::Mount) -> Option<u32> {
     m.child.as_ref().map(|c| c.id())
 }
 
-fn mount_caught(lower: &Path, mnt: &Path, options: &str) -> Result<common::Mount, String> {
-    std::panic::catch_unwind(AssertUnwindSafe(|| common::Mount::new(lower, mnt, options))).map_err(panic_text)
+fn mount_caught(lower: &Path, mnt: &Path, cfg: &Config) -> Result<common::Mount, String> {
+    let env: Vec<(&str, &str)> = cfg.accelerator.map(|spec| ("DENSEFS_TEST_ACCELERATOR", spec)).into_iter().collect();
+    std::panic::catch_unwind(AssertUnwindSafe(|| common::Mount::with_env(lower, mnt, cfg.options, &env))).map_err(panic_text)
 }
 
 /// `densefs umount`, retried while the mount is busy: a sibling test's fork briefly holds
@@ -1071,7 +1074,7 @@ fn run_ops(cfg: Config, ops: &[(usize, Op)], trace: bool) -> Result<(), Failure>
     let dirs = common::Dirs::new();
     let ref_root = dirs.root.path().join("reference");
     std::fs::create_dir(&ref_root).unwrap();
-    let mut mount = Some(mount_caught(&dirs.lower, &dirs.mnt, cfg.options).map_err(|msg| Failure {
+    let mut mount = Some(mount_caught(&dirs.lower, &dirs.mnt, &cfg).map_err(|msg| Failure {
         index: 0,
         op: "mount".into(),
         msg,
@@ -1129,7 +1132,7 @@ fn run_ops(cfg: Config, ops: &[(usize, Op)], trace: bool) -> Result<(), Failure>
                     None => {
                         match unmount_retrying(mount.take().unwrap()) {
                             Err(e) => Err(format!("unmount failed: {e}")),
-                            Ok(()) => match mount_caught(&dirs.lower, &dirs.mnt, cfg.options) {
+                            Ok(()) => match mount_caught(&dirs.lower, &dirs.mnt, &cfg) {
                                 Err(e) => Err(format!("remount failed: {e}")),
                                 Ok(m) => {
                                     watch.lock().unwrap().daemon = daemon_pid(&m);
@@ -1314,35 +1317,47 @@ fn run(cfg: Config) {
 
 #[test]
 fn lz4_4k() {
-    run(Config { name: "lz4_4k", options: "compression=lz4,recordsize=4K", record_size: 4 << 10 });
+    run(Config { name: "lz4_4k", options: "compression=lz4,recordsize=4K", record_size: 4 << 10, accelerator: None });
 }
 
 #[test]
 fn gzip1_16k() {
-    run(Config { name: "gzip1_16k", options: "compression=gzip-1,recordsize=16K", record_size: 16 << 10 });
+    run(Config { name: "gzip1_16k", options: "compression=gzip-1,recordsize=16K", record_size: 16 << 10, accelerator: None });
 }
 
 #[test]
 fn zstd3_128k() {
-    run(Config { name: "zstd3_128k", options: "compression=zstd-3,recordsize=128K", record_size: 128 << 10 });
+    run(Config { name: "zstd3_128k", options: "compression=zstd-3,recordsize=128K", record_size: 128 << 10, accelerator: None });
 }
 
 #[test]
 fn off_64k() {
-    run(Config { name: "off_64k", options: "compression=off,recordsize=64K", record_size: 64 << 10 });
+    run(Config { name: "off_64k", options: "compression=off,recordsize=64K", record_size: 64 << 10, accelerator: None });
 }
 
 #[test]
 fn lzjb_8k() {
-    run(Config { name: "lzjb_8k", options: "compression=lzjb,recordsize=8K", record_size: 8 << 10 });
+    run(Config { name: "lzjb_8k", options: "compression=lzjb,recordsize=8K", record_size: 8 << 10, accelerator: None });
 }
 
 #[test]
 fn zle_4k() {
-    run(Config { name: "zle_4k", options: "compression=zle,recordsize=4K", record_size: 4 << 10 });
+    run(Config { name: "zle_4k", options: "compression=zle,recordsize=4K", record_size: 4 << 10, accelerator: None });
 }
 
 #[test]
 fn zstdfast_1m_xxh3() {
-    run(Config { name: "zstdfast_1m_xxh3", options: "compression=zstd-fast-3,recordsize=1M,checksum=xxh3", record_size: 1 << 20 });
+    run(Config { name: "zstdfast_1m_xxh3", options: "compression=zstd-fast-3,recordsize=1M,checksum=xxh3", record_size: 1 << 20, accelerator: None });
+}
+
+/// compression=auto, offloaded to an accelerator that fails now and then (errors, garbage,
+/// hangs): every byte must still match the model.
+#[test]
+fn auto_32k_failing_accelerator() {
+    run(Config {
+        name: "auto_32k_failing_accelerator",
+        options: "compression=auto,recordsize=32K,offload=faulty",
+        record_size: 32 << 10,
+        accelerator: Some("error=0.02,garbage=0.02,hang=0.01,timeout_ms=300,backoff_ms=10,capacity=8,latency_us=200"),
+    });
 }

@@ -35,6 +35,9 @@ pub enum Codec {
     Lzjb = 4,
     /// ZFS zero-length encoding.
     Zle = 5,
+    /// Not a stream format: a *setting* that lets the engine pick a codec per record (like ZFS's
+    /// `on` / `inherit` rows). Allowed in a file header, never in a record descriptor.
+    Auto = 255,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -95,12 +98,17 @@ impl Codec {
         CODECS.get(id as usize).map(|row| row.codec).ok_or(CodecError::UnknownCodec(id))
     }
 
+    /// The header's "codec new records get" byte: a codec id or [`Codec::Auto`].
+    pub fn from_setting_id(id: u8) -> Result<Codec, CodecError> {
+        if id == Codec::Auto as u8 { Ok(Codec::Auto) } else { Codec::from_id(id) }
+    }
+
     pub fn info(self) -> &'static CodecInfo {
-        &CODECS[self as usize]
+        CODECS.get(self as usize).expect("BUG: 'auto' is resolved to a codec by the engine before use")
     }
 
     pub fn name(self) -> &'static str {
-        self.info().name
+        if self == Codec::Auto { "auto" } else { self.info().name }
     }
 
     pub fn compress(self, src: &[u8], dst: &mut [u8], level: i32) -> Option<usize> {
@@ -123,14 +131,15 @@ pub struct Compression {
 impl Compression {
     pub const OFF: Compression = Compression { codec: Codec::Off, level: 0 };
     pub const LZ4: Compression = Compression { codec: Codec::Lz4, level: 0 };
+    pub const AUTO: Compression = Compression { codec: Codec::Auto, level: 0 };
 
     /// Parses ZFS's spelling: off, on, lz4, gzip, gzip-1..9, zstd, zstd-1..19,
-    /// zstd-fast-1..10, lzjb, zle.
+    /// zstd-fast-1..10, lzjb, zle; and auto (the engine picks per record).
     pub fn parse(name: &str) -> Result<Compression, String> {
         let bad = || {
             format!(
                 "unknown compression '{name}' (expected off, on, lz4, gzip, gzip-1..9, zstd, \
-                 zstd-1..19, zstd-fast-1..10, lzjb or zle)"
+                 zstd-1..19, zstd-fast-1..10, lzjb, zle or auto)"
             )
         };
         let level_in = |digits: &str, lo: i32, hi: i32| -> Result<i32, String> {
@@ -146,6 +155,7 @@ impl Compression {
             "zstd" => Compression { codec: Codec::Zstd, level: 3 },
             "lzjb" => Compression { codec: Codec::Lzjb, level: 0 },
             "zle" => Compression { codec: Codec::Zle, level: 0 },
+            "auto" => Compression::AUTO,
             _ => {
                 if let Some(n) = name.strip_prefix("gzip-") {
                     Compression { codec: Codec::Deflate, level: level_in(n, 1, 9)? }

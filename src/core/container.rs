@@ -18,7 +18,7 @@ use super::error::{FsError, FsResult};
 use super::lower;
 use crate::checksum::ChecksumKind;
 use crate::codec::Compression;
-use crate::engine::{CompressRequest, DecompressRequest, Encoded, Engine, EngineError, Job, MinSavings, Output, Work};
+use crate::engine::{CompressRequest, DecompressRequest, Encoded, Engine, EngineError, Job, Output, RecordPolicy, Work};
 use crate::format::layout::{round_up_block, GROUP_RECORDS, HEADER_BLOCK, INLINE_CAPACITY, INLINE_OFF, TABLE_SIZE};
 use crate::format::{decode_table, newest_first, Descriptor, Header, Layout, Pair, SlotState, DESCRIPTOR_SIZE, FLAG_INLINE};
 use parking_lot::{Condvar, Mutex, MutexGuard, RwLock, RwLockReadGuard};
@@ -64,7 +64,7 @@ struct InFlight {
 struct State {
     /// How records written from now on are encoded (the file's own, or a recompress target).
     compression: Compression,
-    min_savings: MinSavings,
+    policy: RecordPolicy,
     size: u64,
     header_seq: u64,
     persisted_size: u64,
@@ -95,10 +95,10 @@ enum Source {
 }
 
 impl State {
-    fn new(compression: Compression, min_savings: MinSavings, size: u64, header_seq: u64) -> State {
+    fn new(compression: Compression, policy: RecordPolicy, size: u64, header_seq: u64) -> State {
         State {
             compression,
-            min_savings,
+            policy,
             header_stale: false,
             size,
             header_seq,
@@ -150,7 +150,7 @@ impl Container {
     }
 
     /// Turns an empty (or to-be-emptied) lower file into an empty container.
-    pub fn create(lower: File, settings: CreateSettings, min_savings: MinSavings, engine: Arc<Engine>, label: String) -> FsResult<Container> {
+    pub fn create(lower: File, settings: CreateSettings, policy: RecordPolicy, engine: Arc<Engine>, label: String) -> FsResult<Container> {
         lower.set_len(0)?;
         let header = Header {
             layout: settings.layout,
@@ -164,10 +164,10 @@ impl Container {
         let at = Header::copy_offset(1) as usize;
         block[at..at + crate::format::HEADER_COPY_SIZE].copy_from_slice(&header.encode());
         lower::pwrite_all(&lower, &block, 0)?;
-        Ok(Container::open(lower, header, min_savings, engine, label))
+        Ok(Container::open(lower, header, policy, engine, label))
     }
 
-    pub fn open(lower: File, header: Header, min_savings: MinSavings, engine: Arc<Engine>, label: String) -> Container {
+    pub fn open(lower: File, header: Header, policy: RecordPolicy, engine: Arc<Engine>, label: String) -> Container {
         let compression = Compression { codec: header.codec, level: header.level as i32 };
         let container = Container {
             lower,
@@ -176,7 +176,7 @@ impl Container {
             engine,
             label,
             slot_io: RwLock::new(()),
-            state: Mutex::new(State::new(compression, min_savings, header.size, header.sequence)),
+            state: Mutex::new(State::new(compression, policy, header.size, header.sequence)),
             landed: Condvar::new(),
         };
         // Records past the size (a crash between landing them and writing the header) must not
@@ -287,7 +287,7 @@ impl Container {
         let mut last = None;
         for (i, (slot, d)) in found.iter().enumerate() {
             let req = self.read_slot(record, *slot, d)?;
-            match crate::engine::policy::decode_record(&req) {
+            match self.engine.decode(&req) {
                 Ok(buf) => {
                     if i > 0 {
                         warn!(file = %self.label, record, "newest copy unreadable; serving the previous copy (an interrupted write)");
@@ -525,7 +525,8 @@ impl Container {
                 work: Work::Compress(CompressRequest {
                     data,
                     compression: st.compression,
-                    min_savings: st.min_savings,
+                    min_savings: st.policy.min_savings,
+                    offload: st.policy.offload,
                     checksum: self.checksum,
                 }),
                 done: Box::new(move |result| me.land(record, seq, result)),
@@ -722,11 +723,11 @@ impl Container {
     /// Re-encodes every stored record with `compression` (ZFS's `zfs rewrite`). Each record takes
     /// the ordinary write path, so the file stays readable and writable meanwhile and a crash
     /// leaves every record at its old or its new encoding of the same bytes.
-    pub fn recompress(self: &Arc<Self>, compression: Compression, min_savings: MinSavings) -> FsResult<()> {
+    pub fn recompress(self: &Arc<Self>, compression: Compression, policy: RecordPolicy) -> FsResult<()> {
         {
             let mut st = self.state.lock();
             st.compression = compression;
-            st.min_savings = min_savings;
+            st.policy = policy;
             st.header_stale = true;
         }
         let records = self.layout.plain_size_to_records(self.size());

@@ -18,7 +18,7 @@ mod xattr;
 
 use crate::checksum::ChecksumKind;
 use crate::codec::Compression;
-use crate::engine::{Engine, MinSavings};
+use crate::engine::{Engine, MinSavings, Offload, RecordPolicy};
 use crate::format::Layout;
 use container::{Container, CreateSettings};
 pub use error::{FsError, FsResult};
@@ -40,6 +40,13 @@ pub struct Options {
     pub layout: Layout,
     pub checksum: ChecksumKind,
     pub min_savings: MinSavings,
+    pub offload: Offload,
+}
+
+impl Options {
+    pub fn record_policy(&self) -> RecordPolicy {
+        RecordPolicy { min_savings: self.min_savings, offload: self.offload }
+    }
 }
 
 impl Default for Options {
@@ -49,6 +56,7 @@ impl Default for Options {
             layout: Layout::new(128 * 1024).expect("BUG: 128K is a valid record size"),
             checksum: ChecksumKind::Crc32c,
             min_savings: MinSavings::ZFS,
+            offload: Offload::Auto,
         }
     }
 }

@@ -9,7 +9,7 @@ use super::error::{check, FsError, FsResult};
 use super::lower::{self, cstr};
 use crate::checksum::ChecksumKind;
 use crate::codec::Compression;
-use crate::engine::MinSavings;
+use crate::engine::{MinSavings, Offload};
 use crate::format::Layout;
 use std::ffi::OsStr;
 use std::io::Write;
@@ -19,7 +19,7 @@ use std::os::fd::{FromRawFd, RawFd};
 pub const XATTR_PREFIX: &str = "user.densefs.";
 pub const PROPS_XATTR: &str = "user.densefs.props";
 pub const PROPS_FILE: &str = ".densefs.props";
-pub const SETTABLE: [&str; 4] = ["compression", "recordsize", "min_savings", "checksum"];
+pub const SETTABLE: [&str; 5] = ["compression", "recordsize", "min_savings", "checksum", "offload"];
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct LocalProps {
@@ -27,6 +27,7 @@ pub struct LocalProps {
     pub recordsize: Option<Layout>,
     pub min_savings: Option<MinSavings>,
     pub checksum: Option<ChecksumKind>,
+    pub offload: Option<Offload>,
 }
 
 pub fn format_recordsize(layout: Layout) -> String {
@@ -58,6 +59,7 @@ impl LocalProps {
             "recordsize" => self.recordsize = Some(parse_recordsize(value)?),
             "min_savings" => self.min_savings = Some(MinSavings::parse(value)?),
             "checksum" => self.checksum = Some(ChecksumKind::parse(value)?),
+            "offload" => self.offload = Some(Offload::parse(value)?),
             _ => return Err(format!("unknown property '{name}' (settable: {})", SETTABLE.join(", "))),
         }
         Ok(())
@@ -69,6 +71,7 @@ impl LocalProps {
             "recordsize" => self.recordsize = None,
             "min_savings" => self.min_savings = None,
             "checksum" => self.checksum = None,
+            "offload" => self.offload = None,
             _ => return Err(format!("unknown property '{name}' (settable: {})", SETTABLE.join(", "))),
         }
         Ok(())
@@ -80,6 +83,7 @@ impl LocalProps {
             "recordsize" => self.recordsize.map(format_recordsize),
             "min_savings" => self.min_savings.map(|m| m.to_string()),
             "checksum" => self.checksum.map(|c| c.name().to_string()),
+            "offload" => self.offload.map(|o| o.to_string()),
             _ => None,
         }
     }

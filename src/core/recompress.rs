@@ -40,7 +40,7 @@ impl DenseFs {
         };
         if let Content::Container(c) = &content {
             if c.layout() == settings.layout {
-                return c.recompress(settings.compression, settings.min_savings);
+                return c.recompress(settings.compression, settings.record_policy());
             }
         }
         if open.handles > 0 {
@@ -74,7 +74,7 @@ impl DenseFs {
             let target = Arc::new(Container::create(
                 file.try_clone()?,
                 Self::create_settings(&settings),
-                settings.min_savings,
+                settings.record_policy(),
                 self.engine.clone(),
                 self.label(&node),
             )?);
@@ -128,6 +128,7 @@ fn apply_spec(settings: &mut Options, spec: &str) -> FsResult<()> {
         settings.compression = local.compression.unwrap_or(settings.compression);
         settings.layout = local.recordsize.unwrap_or(settings.layout);
         settings.min_savings = local.min_savings.unwrap_or(settings.min_savings);
+        settings.offload = local.offload.unwrap_or(settings.offload);
         settings.checksum = local.checksum.unwrap_or(settings.checksum);
     }
     Ok(())

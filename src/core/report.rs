@@ -31,7 +31,7 @@ impl Source {
 /// The settings a directory gives to files created in it, and where each came from.
 pub struct Effective {
     pub options: Options,
-    pub sources: [Source; 4],
+    pub sources: [Source; SETTABLE.len()],
 }
 
 impl Effective {
@@ -42,6 +42,7 @@ impl Effective {
             "recordsize" => format_recordsize(o.layout),
             "min_savings" => o.min_savings.to_string(),
             "checksum" => o.checksum.name().to_string(),
+            "offload" => o.offload.to_string(),
             _ => unreachable!("BUG: not a settable property: {name}"),
         }
     }
@@ -87,7 +88,7 @@ impl DenseFs {
     /// Resolves the properties of directory `dir`, walking up to the root.
     pub fn effective(&self, dir: &Node) -> FsResult<Effective> {
         let mut found = LocalProps::default();
-        let mut sources: [Option<Source>; 4] = Default::default();
+        let mut sources: [Option<Source>; SETTABLE.len()] = Default::default();
         let mut node = self.inode(dir.nodeid)?;
         let mut depth = 0;
         loop {
@@ -113,6 +114,7 @@ impl DenseFs {
             layout: found.recordsize.unwrap_or(base.layout),
             min_savings: found.min_savings.unwrap_or(base.min_savings),
             checksum: found.checksum.unwrap_or(base.checksum),
+            offload: found.offload.unwrap_or(base.offload),
         };
         Ok(Effective { options, sources: sources.map(|s| s.unwrap_or(Source::Default)) })
     }
@@ -267,6 +269,13 @@ impl DenseFs {
             "record_size": stats.record_size,
         });
         Ok(report.to_string())
+    }
+
+    /// The engine's counters (JSON): what `densefs iostat` samples.
+    pub fn engine_report(&self) -> String {
+        let mut value = self.engine.snapshot();
+        value["offload"] = self.options.offload.to_string().into();
+        value.to_string()
     }
 
     fn flush_open_files(&self) {

@@ -8,6 +8,7 @@
 //!   (inherit again);
 //! - `user.densefs.properties`, `.report`, `.scrub`, `.datasets` (read-only): JSON reports (see
 //!   report.rs);
+//! - `user.densefs.engine` (read-only): the compression engine's live counters (engine/stats.rs);
 //! - `user.densefs.recompress` (write-only, files): rewrite with the given or current settings.
 
 use super::error::check;
@@ -41,6 +42,8 @@ impl DenseFs {
             "scrub" => ReportKind::Scrub,
             "datasets" => ReportKind::Datasets,
             "props" => return Err(FsError::errno(libc::ENODATA)),
+            // Live counters: cheap, never cached, the same on every path of the mount.
+            "engine" => return Ok(self.engine_report().into_bytes()),
             prop => return self.property_value(nodeid, prop).map(String::into_bytes),
         };
         let mut cache = self.last_report.lock();

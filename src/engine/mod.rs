@@ -1,27 +1,148 @@
-//! The compression service engine: the one door through which records reach the codecs.
+//! The compression service engine (QZFS's name): the one door through which records reach the
+//! codecs, on the CPU or on an accelerator.
 //!
 //! The file system hands it batches of [`Job`]s and does not wait record by record: each job
 //! carries its own completion callback, run by whichever backend finished it, in any order.
-//! Policy that decides what a record becomes (hole, compressed, stored raw) lives in the small
-//! pure functions of [`policy`]; backends only run them. Issue-level plan: a GPU backend and
-//! offload policies plug in here without the file system changing.
+//! - [`policy`]: pure functions deciding what a record becomes (hole, compressed, raw), the
+//!   pre-check for incompressible data and the `compression=auto` selector;
+//! - [`cpu`]: the worker pool; [`device`]: the interface an accelerator implements;
+//! - [`offload`]: routing to accelerators (size window, saturation, failures, verification,
+//!   recovery); [`stats`]: counters for `densefs get` / `densefs iostat`;
+//! - [`faulty`]: a fault-injecting accelerator for tests; [`bench`]: `densefs bench engine`.
+//!
+//! Decompression runs on the CPU: format v1 checksums the stored bytes, so what a device decodes
+//! could not be verified, and CPU decoders run at 1-5 GB/s per core.
 
+pub mod bench;
 mod cpu;
+pub mod device;
+pub mod faulty;
+mod offload;
 pub mod policy;
+pub mod stats;
 
 use crate::checksum::ChecksumKind;
 use crate::codec::{Codec, CodecError, Compression};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 pub use cpu::CpuPool;
+pub use device::Device;
 pub use policy::MinSavings;
+use stats::Stats;
+
+/// How one file's records are written besides their codec (from its directory's properties).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RecordPolicy {
+    pub min_savings: MinSavings,
+    pub offload: Offload,
+}
+
+
+/// Where compression may run (`offload=` mount option and property).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Offload {
+    /// An accelerator when one is present and worth it for the codec; the CPU for the rest and
+    /// whenever the accelerator is saturated or failing — both busy at once.
+    Auto,
+    Cpu,
+    /// Every record this device can take (falls back to the CPU only as the policies say).
+    Only(&'static str),
+}
+
+/// Device names `offload=` accepts (`faulty` is the test double, see faulty.rs).
+pub const DEVICE_NAMES: [&str; 2] = ["gpu", "faulty"];
+
+impl Offload {
+    pub fn parse(text: &str) -> Result<Offload, String> {
+        match text {
+            "auto" => Ok(Offload::Auto),
+            "cpu" => Ok(Offload::Cpu),
+            _ => DEVICE_NAMES
+                .iter()
+                .find(|n| **n == text)
+                .map(|n| Offload::Only(n))
+                .ok_or_else(|| format!("invalid offload '{text}' (auto, cpu or gpu)")),
+        }
+    }
+}
+
+impl std::fmt::Display for Offload {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Offload::Auto => f.write_str("auto"),
+            Offload::Cpu => f.write_str("cpu"),
+            Offload::Only(name) => f.write_str(name),
+        }
+    }
+}
+
+/// The engine's policy knobs; the defaults are the seeds' (QZFS) where they name one.
+#[derive(Clone, Debug)]
+pub struct EngineConfig {
+    pub cpu_threads: usize,
+    /// Only records with `min <= len <= max` go to an accelerator (QZFS: 4 KiB..1 MiB): tiny ones
+    /// cost more to ship than to compress.
+    pub offload_window: (usize, usize),
+    /// Skip slow codecs on data that looks incompressible (policy::probably_incompressible).
+    pub precheck: bool,
+    /// Decode every accelerator output on the CPU and compare it with the input before it is
+    /// stored. Costs a decode (cheap next to gzip/zstd compression); catches a device that lies.
+    pub verify: bool,
+    /// An accelerator job older than this marks the device failed.
+    pub timeout: Duration,
+    /// Wait before re-initialising a failed device: doubles on each failure up to the second value.
+    pub backoff: (Duration, Duration),
+}
+
+impl EngineConfig {
+    pub fn new(cpu_threads: usize) -> EngineConfig {
+        EngineConfig {
+            cpu_threads,
+            offload_window: (4 << 10, 1 << 20),
+            precheck: true,
+            verify: true,
+            timeout: Duration::from_secs(5),
+            backoff: (Duration::from_secs(1), Duration::from_secs(60)),
+        }
+    }
+}
+
+/// Accelerators found, and notes on those looked for and not found.
+pub type Detected = (Vec<Arc<dyn Device>>, Vec<String>);
+
+/// The accelerators this process can use: the test double when `DENSEFS_TEST_ACCELERATOR`
+/// holds a spec (its engine settings applied to `config`). Also returns notes on what was
+/// looked for and not found, for the log and for `offload=` errors.
+pub fn detect_devices(config: &mut EngineConfig) -> Result<Detected, String> {
+    let mut devices: Vec<Arc<dyn Device>> = Vec::new();
+    let mut notes = Vec::new();
+    match std::env::var(faulty::ENV) {
+        Ok(text) => {
+            let spec = faulty::FaultSpec::parse(&text).map_err(|e| format!("{}: {e}", faulty::ENV))?;
+            config.timeout = spec.timeout.unwrap_or(config.timeout);
+            if let Some(b) = spec.backoff {
+                config.backoff = (b, b * 8);
+            }
+            devices.push(Arc::new(faulty::FaultyDevice::new(spec)));
+        }
+        Err(_) => notes.push("no test accelerator".to_string()),
+    }
+    notes.push("gpu: this build has no GPU backend".to_string());
+    Ok((devices, notes))
+}
 
 /// A record to encode.
+#[derive(Clone)]
 pub struct CompressRequest {
     pub data: Arc<Vec<u8>>,
+    /// May be [`Compression::AUTO`]: the engine picks per record.
     pub compression: Compression,
     pub min_savings: MinSavings,
     pub checksum: ChecksumKind,
+    pub offload: Offload,
 }
 
 /// A record as it will be stored.
@@ -84,41 +205,80 @@ pub struct Job {
     pub done: Done,
 }
 
-/// A place where jobs run. Adding a backend (GPU, QAT) means one more implementation of this.
-pub trait Backend: Send + Sync {
-    fn name(&self) -> &'static str;
-    /// Queues the jobs; each job's callback runs once, when it is done.
-    fn submit(&self, jobs: Vec<Job>);
-}
-
-/// Runs one job on the calling CPU thread: the reference every backend must agree with.
-pub fn run_on_cpu(work: Work) -> Result<Output, EngineError> {
-    match work {
-        Work::Compress(req) => Ok(Output::Compressed(policy::encode_record(&req))),
-        Work::Decompress(req) => policy::decode_record(&req).map(Output::Decompressed),
-    }
-}
-
 pub struct Engine {
+    inner: Arc<Inner>,
+    stop: Arc<AtomicBool>,
+    watchdog: Option<JoinHandle<()>>,
+}
+
+struct Inner {
+    config: EngineConfig,
     cpu: CpuPool,
+    devices: Vec<offload::Offloader>,
+    stats: Stats,
 }
 
 impl Engine {
+    /// A CPU-only engine with the default policy.
     pub fn new(cpu_threads: usize) -> Engine {
-        Engine { cpu: CpuPool::new(cpu_threads) }
+        Engine::with_devices(EngineConfig::new(cpu_threads), Vec::new())
     }
 
+    pub fn with_devices(config: EngineConfig, devices: Vec<Arc<dyn Device>>) -> Engine {
+        let names: Vec<&'static str> = std::iter::once("cpu").chain(devices.iter().map(|d| d.name())).collect();
+        let inner = Arc::new(Inner {
+            cpu: CpuPool::new(config.cpu_threads),
+            devices: devices.into_iter().enumerate().map(|(i, d)| offload::Offloader::new(d, i + 1, config.backoff.0)).collect(),
+            stats: Stats::new(&names),
+            config,
+        });
+        let stop = Arc::new(AtomicBool::new(false));
+        let watchdog = (!inner.devices.is_empty()).then(|| {
+            let (weak, stop) = (Arc::downgrade(&inner), stop.clone());
+            let tick = (inner.config.timeout / 4).clamp(Duration::from_millis(5), Duration::from_millis(50));
+            std::thread::Builder::new()
+                .name("densefs-offload-watchdog".into())
+                .spawn(move || {
+                    while !stop.load(Ordering::Relaxed) {
+                        std::thread::sleep(tick);
+                        match weak.upgrade() {
+                            Some(inner) => inner.watch(),
+                            None => break,
+                        }
+                    }
+                })
+                .expect("cannot start the offload watchdog")
+        });
+        Engine { inner, stop, watchdog }
+    }
+
+    pub fn has_device(&self, name: &str) -> bool {
+        self.inner.devices.iter().any(|d| d.device.name() == name)
+    }
+
+    pub fn device_names(&self) -> Vec<&'static str> {
+        self.inner.devices.iter().map(|d| d.device.name()).collect()
+    }
+
+    pub fn config(&self) -> &EngineConfig {
+        &self.inner.config
+    }
+
+    /// Queues jobs; each one's callback runs exactly once, on some engine thread.
     pub fn submit(&self, jobs: Vec<Job>) {
-        Backend::submit(&self.cpu, jobs);
+        self.inner.submit(jobs);
+    }
+
+    /// Checks and decodes one record on the calling thread (one record: no pool round trip).
+    pub fn decode(&self, req: &DecompressRequest) -> Result<Vec<u8>, EngineError> {
+        self.inner.decode(req)
     }
 
     /// Decodes a batch in parallel and waits for all of it (results in request order).
     pub fn decompress_all(&self, requests: Vec<DecompressRequest>) -> Vec<Result<Vec<u8>, EngineError>> {
         let n = requests.len();
         if n == 1 {
-            // One record: decoding here is cheaper than a round trip through the pool.
-            let req = requests.into_iter().next().expect("BUG: one request");
-            return vec![policy::decode_record(&req)];
+            return vec![self.decode(&requests[0])];
         }
         let (tx, rx) = crossbeam_channel::bounded(n);
         let jobs = requests
@@ -148,4 +308,106 @@ impl Engine {
         }
         results.into_iter().map(|r| r.unwrap_or(Err(EngineError::Stopped))).collect()
     }
+
+    /// Counters and device states as JSON (see stats.rs).
+    pub fn snapshot(&self) -> serde_json::Value {
+        let mut states = vec!["up".to_string()];
+        states.extend(self.inner.devices.iter().map(|d| d.state()));
+        let mut value = self.inner.stats.snapshot(&states);
+        value["cpu_threads"] = self.inner.cpu.threads().into();
+        value
+    }
+
+    pub fn stats(&self) -> &Stats {
+        &self.inner.stats
+    }
 }
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(w) = self.watchdog.take() {
+            let _ = w.join();
+        }
+    }
+}
+
+impl Inner {
+    fn submit(self: &Arc<Self>, jobs: Vec<Job>) {
+        let mut batches: Vec<Vec<offload::Offered>> = self.devices.iter().map(|_| Vec::new()).collect();
+        for job in jobs {
+            match job.work {
+                Work::Decompress(req) => self.cpu_decompress(req, job.done),
+                Work::Compress(req) => match self.route(&req) {
+                    offload::Route::Cpu(why) => {
+                        if let Some(why) = why {
+                            self.stats.fallback(why);
+                        }
+                        self.cpu_compress(req, job.done);
+                    }
+                    offload::Route::Device(d, compression) => {
+                        batches[d].push(offload::Offered { req, compression, done: job.done })
+                    }
+                },
+            }
+        }
+        for (d, batch) in batches.into_iter().enumerate() {
+            if !batch.is_empty() {
+                self.offer(d, batch);
+            }
+        }
+    }
+
+    /// Compresses on a CPU worker; `compression=auto` is resolved there, against the queue then.
+    fn cpu_compress(self: &Arc<Self>, req: CompressRequest, done: Done) {
+        let me = Arc::clone(self);
+        let task = Box::new(move || {
+            let result = me.compress_here(&req);
+            done(Ok(Output::Compressed(result)))
+        });
+        // Only fails once the engine is being dropped, when no file has work left in it.
+        let _ = self.cpu.spawn(task);
+    }
+
+    /// Runs one compression on this thread, with the full policy, and counts it on the CPU.
+    fn compress_here(&self, req: &CompressRequest) -> Encoded {
+        let start = Instant::now();
+        let data = req.data.as_slice();
+        let compression = if req.compression.codec == Codec::Auto {
+            let backlog = self.cpu.waiting() as f32 / self.cpu.threads() as f32;
+            let chosen = policy::choose_auto(policy::sample_entropy(data), req.min_savings, policy::AutoTarget::Cpu { backlog_per_worker: backlog });
+            self.stats.auto_chose(chosen.codec);
+            chosen
+        } else {
+            req.compression
+        };
+        let (encoded, outcome) = policy::encode_record(data, compression, req.min_savings, req.checksum, self.config.precheck);
+        let elapsed = start.elapsed();
+        let cpu = &self.stats.backends[0];
+        cpu.compress(compression.codec).add(data.len(), encoded.bytes.len(), elapsed);
+        cpu.busy_ns.fetch_add(elapsed.as_nanos() as u64, Ordering::Relaxed);
+        self.stats.outcome(outcome, data.len());
+        encoded
+    }
+
+    fn cpu_decompress(self: &Arc<Self>, req: DecompressRequest, done: Done) {
+        let me = Arc::clone(self);
+        let task = Box::new(move || done(me.decode(&req).map(Output::Decompressed)));
+        let _ = self.cpu.spawn(task);
+    }
+
+    fn decode(&self, req: &DecompressRequest) -> Result<Vec<u8>, EngineError> {
+        let start = Instant::now();
+        let result = policy::decode_record(req);
+        if result.is_ok() {
+            let elapsed = start.elapsed();
+            let cpu = &self.stats.backends[0];
+            cpu.decompress(req.codec).add(req.stored.len(), req.logical_len, elapsed);
+            cpu.busy_ns.fetch_add(elapsed.as_nanos() as u64, Ordering::Relaxed);
+        }
+        result
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,9 +1,12 @@
 //! What a record becomes, as small pure functions (ZFS's `zio_compress_data` rules):
 //! all zeros → a hole; compressed only if that saves at least `min_savings`; otherwise raw.
+//! Also the pre-check that skips incompressible data and the `compression=auto` selector.
 //! Decoding checks the checksum before any decoder sees the bytes.
 
-use super::{CompressRequest, DecompressRequest, Encoded, EngineError};
-use crate::codec::Codec;
+use super::stats::Outcome;
+use super::{DecompressRequest, Encoded, EngineError};
+use crate::checksum::ChecksumKind;
+use crate::codec::{Codec, Compression};
 
 /// The least fraction of a record that compression must save for the compressed form to be kept,
 /// in 1/1000 (ZFS's rule, 12.5%, is 125).
@@ -39,23 +42,121 @@ pub fn is_all_zero(data: &[u8]) -> bool {
     head.iter().all(|&b| b == 0) && words.iter().all(|&w| w == 0) && tail.iter().all(|&b| b == 0)
 }
 
-pub fn encode_record(req: &CompressRequest) -> Encoded {
-    let data = req.data.as_slice();
-    let logical_len = data.len() as u32;
-    if is_all_zero(data) {
-        return Encoded { codec: Codec::Off, level: 0, bytes: Vec::new(), logical_len, checksum: 0 };
-    }
-    let setting = req.compression;
-    if setting.codec != Codec::Off {
-        let mut out = vec![0u8; req.min_savings.max_kept_len(data.len())];
-        if let Some(n) = setting.codec.compress(data, &mut out, setting.level) {
-            out.truncate(n);
-            let checksum = req.checksum.compute(&out);
-            return Encoded { codec: setting.codec, level: setting.level as i8, bytes: out, logical_len, checksum };
+/// Entropy of a sample of `data` in bits per byte (0..=8): 32-byte runs at up to 128 evenly
+/// spread places (4 KiB), like btrfs's compression heuristic. Cheap enough for every record.
+pub fn sample_entropy(data: &[u8]) -> f32 {
+    const RUN: usize = 32;
+    const RUNS: usize = 128;
+    let mut histogram = [0u32; 256];
+    let mut n = 0u32;
+    if data.len() <= RUN * RUNS {
+        data.iter().for_each(|&b| histogram[b as usize] += 1);
+        n = data.len() as u32;
+    } else {
+        let stride = data.len() / RUNS;
+        for i in 0..RUNS {
+            for &b in &data[i * stride..i * stride + RUN] {
+                histogram[b as usize] += 1;
+            }
+            n += RUN as u32;
         }
     }
-    let checksum = req.checksum.compute(data);
-    Encoded { codec: Codec::Off, level: 0, bytes: data.to_vec(), logical_len, checksum }
+    if n == 0 {
+        return 0.0;
+    }
+    let n = n as f32;
+    histogram.iter().filter(|&&c| c > 0).map(|&c| {
+        let p = c as f32 / n;
+        -p * p.log2()
+    }).sum()
+}
+
+/// Codecs cheap enough that probing first would cost as much as compressing.
+fn is_fast(codec: Codec) -> bool {
+    matches!(codec, Codec::Off | Codec::Lz4 | Codec::Lzjb | Codec::Zle)
+}
+
+/// Whether a sample's byte statistics alone already promise `min_savings` (an order-0 entropy
+/// coder would save it). Above this, only repeated strings can help, which an lz4 probe sees.
+pub fn entropy_promises_savings(entropy: f32, min_savings: MinSavings) -> bool {
+    entropy < 8.0 * (1.0 - min_savings.0 as f32 / 1000.0)
+}
+
+/// The pre-check (ZFS's zstd early abort, with btrfs's entropy sample in front): is this record
+/// not worth compressing with a slow codec? True only if its bytes look random *and* a quick lz4
+/// pass cannot save `min_savings` either, so compressible data never loses ratio.
+pub fn probably_incompressible(data: &[u8], entropy: f32, min_savings: MinSavings) -> bool {
+    if entropy_promises_savings(entropy, min_savings) {
+        return false;
+    }
+    let mut probe = vec![0u8; min_savings.max_kept_len(data.len())];
+    Codec::Lz4.compress(data, &mut probe, 0).is_none()
+}
+
+/// Where a record compressed with `compression=auto` will run, and how loaded that place is.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum AutoTarget {
+    /// An accelerator with room: strength costs the CPU nothing.
+    Accelerator,
+    /// The CPU pool, with this many records waiting per worker.
+    Cpu { backlog_per_worker: f32 },
+}
+
+/// compression=auto: a codec for one record from its data and the load. Incompressible-looking
+/// data gets lz4 (cheapest to try); otherwise the strongest codec the place can afford: gzip-6
+/// on an accelerator; on the CPU zstd-3 while it keeps up, zstd-1 when work queues, lz4 when it
+/// is far behind (a busy CPU, whether from our writers or other programs, drains the queue slower).
+pub fn choose_auto(entropy: f32, min_savings: MinSavings, target: AutoTarget) -> Compression {
+    const ZSTD_1: Compression = Compression { codec: Codec::Zstd, level: 1 };
+    const ZSTD_3: Compression = Compression { codec: Codec::Zstd, level: 3 };
+    const GZIP_6: Compression = Compression { codec: Codec::Deflate, level: 6 };
+    if !entropy_promises_savings(entropy, min_savings) {
+        return Compression::LZ4;
+    }
+    match target {
+        AutoTarget::Accelerator => GZIP_6,
+        AutoTarget::Cpu { backlog_per_worker } if backlog_per_worker <= 2.0 => ZSTD_3,
+        AutoTarget::Cpu { backlog_per_worker } if backlog_per_worker <= 8.0 => ZSTD_1,
+        AutoTarget::Cpu { .. } => Compression::LZ4,
+    }
+}
+
+/// Keeps `compressed` if it saves `min_savings`, else stores `data` raw; checksums what is kept.
+pub fn keep_or_raw(data: &[u8], compression: Compression, compressed: Option<Vec<u8>>, min_savings: MinSavings, checksum: ChecksumKind) -> (Encoded, Outcome) {
+    let logical_len = data.len() as u32;
+    if let Some(bytes) = compressed.filter(|c| c.len() <= min_savings.max_kept_len(data.len())) {
+        let sum = checksum.compute(&bytes);
+        let encoded = Encoded { codec: compression.codec, level: compression.level as i8, bytes, logical_len, checksum: sum };
+        return (encoded, Outcome::Compressed);
+    }
+    let sum = checksum.compute(data);
+    let outcome = if compression.codec == Codec::Off { Outcome::RawOff } else { Outcome::RawLowSavings };
+    (Encoded { codec: Codec::Off, level: 0, bytes: data.to_vec(), logical_len, checksum: sum }, outcome)
+}
+
+pub fn hole(len: usize) -> Encoded {
+    Encoded { codec: Codec::Off, level: 0, bytes: Vec::new(), logical_len: len as u32, checksum: 0 }
+}
+
+/// Encodes one record on the calling thread with a concrete `compression` (never auto).
+/// `precheck`: skip slow codecs on data that looks incompressible (see [`probably_incompressible`]).
+pub fn encode_record(data: &[u8], compression: Compression, min_savings: MinSavings, checksum: ChecksumKind, precheck: bool) -> (Encoded, Outcome) {
+    if is_all_zero(data) {
+        return (hole(data.len()), Outcome::Hole);
+    }
+    if compression.codec == Codec::Off {
+        return keep_or_raw(data, compression, None, min_savings, checksum);
+    }
+    if precheck && !is_fast(compression.codec) && probably_incompressible(data, sample_entropy(data), min_savings) {
+        let (encoded, _) = keep_or_raw(data, Compression::OFF, None, min_savings, checksum);
+        return (encoded, Outcome::RawPrecheck);
+    }
+    let mut out = vec![0u8; min_savings.max_kept_len(data.len())];
+    let compressed = compression.codec.compress(data, &mut out, compression.level).map(|n| {
+        out.truncate(n);
+        out
+    });
+    keep_or_raw(data, compression, compressed, min_savings, checksum)
 }
 
 pub fn decode_record(req: &DecompressRequest) -> Result<Vec<u8>, EngineError> {
@@ -73,17 +174,9 @@ pub fn decode_record(req: &DecompressRequest) -> Result<Vec<u8>, EngineError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::checksum::ChecksumKind;
-    use crate::codec::Compression;
-    use std::sync::Arc;
 
     fn encode(data: Vec<u8>, name: &str) -> Encoded {
-        encode_record(&CompressRequest {
-            data: Arc::new(data),
-            compression: Compression::parse(name).unwrap(),
-            min_savings: MinSavings::ZFS,
-            checksum: ChecksumKind::Crc32c,
-        })
+        encode_record(&data, Compression::parse(name).unwrap(), MinSavings::ZFS, ChecksumKind::Crc32c, true).0
     }
 
     fn decode(e: &Encoded) -> Result<Vec<u8>, EngineError> {

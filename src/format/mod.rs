@@ -7,7 +7,7 @@
 //!  8  2  format version (u16 LE) = 1
 //! 10  1  record shift (12..=20: record size 4 KiB..1 MiB)
 //! 11  1  checksum kind (1 = crc32c, 2 = xxh3-64)
-//! 12  1  codec id the file was created with (informational)
+//! 12  1  codec id new records get, or 255 = auto (the engine picks per record)
 //! 13  1  codec level (i8, informational)
 //! 14  2  reserved, zero
 //! 16  8  logical file size (u64 LE)
@@ -133,7 +133,7 @@ impl Header {
             Ok(Header {
                 layout: Layout::from_shift(b[10]).ok_or(FormatError::BadField("record size"))?,
                 checksum: ChecksumKind::from_id(b[11]).ok_or(FormatError::BadField("checksum kind"))?,
-                codec: Codec::from_id(b[12]).map_err(|_| FormatError::BadField("codec"))?,
+                codec: Codec::from_setting_id(b[12]).map_err(|_| FormatError::BadField("codec"))?,
                 level: b[13] as i8,
                 size: le_u64(b, 16),
                 sequence: le_u64(b, 24),

@@ -42,8 +42,14 @@ pub struct Mount {
 impl Mount {
     /// Mounts `lower` on `mnt` with `-o options` (may be empty).
     pub fn new(lower: &Path, mnt: &Path, options: &str) -> Mount {
+        Mount::with_env(lower, mnt, options, &[])
+    }
+
+    /// As `new`, with extra environment variables for the daemon (e.g. a test accelerator).
+    pub fn with_env(lower: &Path, mnt: &Path, options: &str, env: &[(&str, &str)]) -> Mount {
         let log = mnt.with_extension(format!("log.{}", std::process::id()));
         let mut cmd = Command::new(BIN);
+        cmd.envs(env.iter().copied());
         cmd.arg("mount").arg("-f");
         if !options.is_empty() {
             cmd.arg("-o").arg(options);

@@ -1,0 +1,203 @@
+//! The compression service engine through real mounts: offload to the fault-injecting test
+//! accelerator under a random write workload, its counters, `densefs iostat`, `densefs get`,
+//! `compression=auto`, `offload=` errors and `densefs bench engine`.
+
+mod common;
+
+use common::{compressible, random_bytes, Dirs, Mount, BIN};
+use serde_json::Value;
+use std::fs::{self, OpenOptions};
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+use std::process::{Command, Output};
+
+const FAULTY: &str = "DENSEFS_TEST_ACCELERATOR";
+
+fn densefs(args: &[&str]) -> Output {
+    Command::new(BIN).args(args).output().expect("run densefs")
+}
+
+fn ok(out: Output) -> String {
+    assert!(out.status.success(), "densefs failed: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout).unwrap()
+}
+
+fn engine_counters(mnt: &Path) -> Value {
+    let text = ok(densefs(&["get", "-H", "-p", "-o", "property,value", "all", mnt.to_str().unwrap()]));
+    let mut map = serde_json::Map::new();
+    for line in text.lines() {
+        let (k, v) = line.split_once('\t').unwrap();
+        map.insert(k.to_string(), Value::String(v.to_string()));
+    }
+    Value::Object(map)
+}
+
+fn num(v: &Value, key: &str) -> u64 {
+    v[key].as_str().and_then(|s| s.parse().ok()).unwrap_or(0)
+}
+
+/// Random writes, overwrites and truncates on several files from several threads, mirrored in
+/// memory; returns the expected contents.
+fn workload(m: &Mount, files: usize, seed: u64) -> Vec<(String, Vec<u8>)> {
+    let handles: Vec<_> = (0..files)
+        .map(|f| {
+            let path = m.path(&format!("f{f}"));
+            std::thread::spawn(move || {
+                let mut model: Vec<u8> = Vec::new();
+                let file = OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&path).unwrap();
+                let mut x = seed * 1000 + f as u64 + 1;
+                let mut rnd = move |n: u64| {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    x % n
+                };
+                for op in 0..60 {
+                    let off = rnd(3 << 20);
+                    let len = 1 + rnd(400 << 10) as usize;
+                    let data = if op % 7 == 3 { random_bytes(len, off) } else { compressible(len, off + op) };
+                    // Every write must succeed, whatever the accelerator does.
+                    file.write_all_at(&data, off).unwrap_or_else(|e| panic!("write failed: {e}"));
+                    let end = off as usize + len;
+                    if model.len() < end {
+                        model.resize(end, 0);
+                    }
+                    model[off as usize..end].copy_from_slice(&data);
+                    if op % 20 == 19 {
+                        let to = rnd(model.len() as u64 + 1);
+                        file.set_len(to).unwrap();
+                        model.truncate(to as usize);
+                    }
+                    if op % 15 == 14 {
+                        file.sync_all().unwrap();
+                    }
+                }
+                (path.file_name().unwrap().to_str().unwrap().to_string(), model)
+            })
+        })
+        .collect();
+    handles.into_iter().map(|h| h.join().unwrap()).collect()
+}
+
+fn check_files(m: &Mount, expected: &[(String, Vec<u8>)]) {
+    for (name, model) in expected {
+        let got = fs::read(m.path(name)).unwrap();
+        assert_eq!(got.len(), model.len(), "{name}: size");
+        assert!(got == *model, "{name}: contents differ");
+    }
+}
+
+#[test]
+fn a_failing_accelerator_loses_no_record_and_its_counters_add_up() {
+    let d = Dirs::new();
+    let spec = "error=0.03,garbage=0.03,hang=0.02,timeout_ms=300,backoff_ms=20,capacity=6,latency_us=300,seed=11";
+    let m = Mount::with_env(&d.lower, &d.mnt, "compression=gzip-6,offload=faulty", &[(FAULTY, spec)]);
+    let expected = workload(&m, 4, 1);
+    check_files(&m, &expected);
+    let c = engine_counters(&m.mnt);
+    let on_device = num(&c, "engine.faulty.compress.gzip.records");
+    let on_cpu = num(&c, "engine.cpu.compress.gzip.records");
+    let fallbacks: u64 = ["size", "unsupported", "saturated", "unavailable", "precheck", "error", "timeout", "garbage", "drained"]
+        .iter()
+        .map(|k| num(&c, &format!("engine.fallbacks.{k}")))
+        .sum();
+    assert!(on_device > 0, "nothing was offloaded: {c}");
+    assert!(num(&c, "engine.fallbacks.saturated") > 0, "{c}");
+    assert!(num(&c, "engine.faulty.errors") > 0, "no failure was injected: {c}");
+    assert_eq!(
+        num(&c, "engine.faulty.errors"),
+        num(&c, "engine.fallbacks.error") + num(&c, "engine.fallbacks.garbage") + num(&c, "engine.fallbacks.timeout"),
+        "{c}"
+    );
+    // Every gzip record on the CPU is a fallback, or all zeros (nothing to offload).
+    assert_eq!(on_cpu, fallbacks + num(&c, "engine.holes"), "{c}");
+    assert!(c["offload"].as_str() == Some("faulty"), "{c}");
+    m.unmount();
+    // Records the accelerator wrote read back on a machine without it.
+    let m = Mount::new(&d.lower, &d.mnt, "");
+    check_files(&m, &expected);
+    let scrub = densefs(&["scrub", m.mnt.to_str().unwrap()]);
+    assert!(scrub.status.success(), "scrub: {}", String::from_utf8_lossy(&scrub.stdout));
+    m.unmount();
+}
+
+#[test]
+fn iostat_get_and_auto_show_what_the_engine_does() {
+    let d = Dirs::new();
+    let m = Mount::with_env(&d.lower, &d.mnt, "compression=auto", &[(FAULTY, "capacity=64")]);
+    let data = compressible(8 << 20, 3);
+    fs::write(m.path("a"), &data).unwrap();
+    fs::write(m.path("noise"), random_bytes(2 << 20, 4)).unwrap();
+    assert_eq!(fs::read(m.path("a")).unwrap(), data);
+    // compression=auto with a healthy accelerator: gzip there (the header says auto, records gzip).
+    let st = ok(densefs(&["stat", "--json", m.path("a").to_str().unwrap()]));
+    let st: Value = serde_json::from_str(&st).unwrap();
+    assert!(st.to_string().contains("gzip"), "{st}");
+    let c = engine_counters(&m.mnt);
+    assert!(num(&c, "engine.auto.gzip") >= 64, "{c}");
+    assert!(num(&c, "engine.faulty.compress.gzip.records") >= 64, "{c}");
+    assert!(num(&c, "engine.auto.lz4") >= 16, "random data gets the cheapest try: {c}");
+    assert_eq!(c["engine.backends"].as_str(), Some("cpu(up),faulty(up)"));
+    // offload is a property like the others.
+    fs::create_dir(m.path("cold")).unwrap();
+    ok(densefs(&["set", "offload=cpu", m.path("cold").to_str().unwrap()]));
+    let v = ok(densefs(&["get", "-H", "-o", "value,source", "offload", m.path("cold").to_str().unwrap()]));
+    assert_eq!(v.trim(), "cpu\tlocal");
+    let before = num(&engine_counters(&m.mnt), "engine.faulty.compress.gzip.records");
+    fs::write(m.path("cold/b"), compressible(4 << 20, 5)).unwrap();
+    let after = engine_counters(&m.mnt);
+    assert_eq!(num(&after, "engine.faulty.compress.gzip.records"), before, "offload=cpu still offloaded");
+    // iostat: a header, a total line and one line per interval, with numbers.
+    let out = ok(densefs(&["iostat", "-w", "0.2", "-c", "3", m.mnt.to_str().unwrap()]));
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.len(), 5, "{out}");
+    let total: Vec<&str> = lines[2].split_whitespace().collect();
+    assert_eq!(total[0], "total");
+    assert!(total[1].parse::<f64>().unwrap() > 0.0, "{out}");
+    assert!(total[3].parse::<f64>().unwrap() > 2.0, "ratio: {out}");
+    m.unmount();
+}
+
+#[test]
+fn offload_to_a_missing_device_is_a_clear_mount_error() {
+    let d = Dirs::new();
+    let out = Command::new(BIN)
+        .args(["mount", "-f", "-o", "offload=gpu"])
+        .arg(&d.lower)
+        .arg(&d.mnt)
+        .env_remove(FAULTY)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("offload=gpu: no gpu backend available"), "{err}");
+    let out = Command::new(BIN).args(["mount", "-o", "offload=tpu"]).arg(&d.lower).arg(&d.mnt).output().unwrap();
+    assert!(String::from_utf8_lossy(&out.stderr).contains("invalid offload 'tpu'"));
+}
+
+#[test]
+fn bench_engine_prints_one_line_per_backend_and_algorithm() {
+    let d = Dirs::new();
+    let file = d.root.path().join("data");
+    fs::write(&file, compressible(4 << 20, 9)).unwrap();
+    let out = Command::new(BIN)
+        .args(["bench", "engine", "--backend", "all", "--compression", "lz4,gzip-6", "--json"])
+        .arg(&file)
+        .env(FAULTY, "capacity=1000")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let rows = v["rows"].as_array().unwrap();
+    let pairs: Vec<(String, String)> =
+        rows.iter().map(|r| (r["backend"].as_str().unwrap().to_string(), r["algorithm"].as_str().unwrap().to_string())).collect();
+    assert_eq!(pairs, [("cpu", "lz4"), ("cpu", "gzip-6"), ("faulty", "lz4"), ("faulty", "gzip-6")].map(|(a, b)| (a.into(), b.into())));
+    for r in rows {
+        assert!(r["ratio"].as_f64().unwrap() > 2.0 && r["compress_gbps"].as_f64().unwrap() > 0.0, "{r}");
+    }
+    assert_eq!(rows[3]["offloaded"].as_f64(), Some(1.0));
+    // The CPU and the device store gzip-6 with the same ratio (same codec underneath here).
+    assert!((rows[1]["ratio"].as_f64().unwrap() - rows[3]["ratio"].as_f64().unwrap()).abs() < 1e-9);
+    let out = Command::new(BIN).args(["bench", "engine", "--backend", "gpu"]).arg(&file).env_remove(FAULTY).output().unwrap();
+    assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("no gpu backend"));
+}
