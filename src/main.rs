@@ -48,7 +48,7 @@ enum Command {
     /// Unmount a densefs mount, waiting until everything is written back.
     Umount { mountpoint: PathBuf },
     /// Set properties on a directory: files created below it (until a deeper directory sets its
-    /// own) use them. Properties: compression, recordsize, min_savings, checksum.
+    /// own) use them. Properties: compression, recordsize, min_savings, checksum, offload.
     Set {
         /// PROPERTY=VALUE, e.g. compression=gzip-9
         #[arg(required = true, num_args = 1..)]
@@ -59,12 +59,15 @@ enum Command {
     Inherit { property: String, directory: PathBuf },
     /// Show properties and what compression did, like `zfs get`.
     ///
-    /// Properties: compression, recordsize, min_savings, checksum (with SOURCE local, default or
+    /// Properties: compression, recordsize, min_savings, checksum, offload (with SOURCE local, default or
     /// inherited from PATH), and read-only: compressratio (logicalused / used), used (bytes on
     /// the lower file system), logicalused (data stored, holes excluded), written (sizes as
     /// `ls -l` shows them), records_ALG (records by how they are stored; raw and hole too) and
     /// records_raw_low_savings (kept raw because compressing saved less than min_savings).
-    /// For a directory, statistics cover everything below it.
+    /// For a directory, statistics cover everything below it. `all` also lists the mount's engine
+    /// counters: engine.BACKEND.compress|decompress.ALG.records|bytes_in|bytes_out,
+    /// engine.BACKEND.busy|errors|resets, engine.fallbacks.REASON, engine.precheck_skipped,
+    /// engine.auto.ALG.
     Get {
         /// Scripted: no header, tab-separated.
         #[arg(short = 'H')]
