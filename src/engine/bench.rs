@@ -144,13 +144,15 @@ fn request(e: &Encoded) -> DecompressRequest {
 }
 
 /// Decodes on a device: checksums verified on the CPU first (device decoders assume valid
-/// input), raw records and holes copied on the CPU, the rest shipped, re-offered while it is full.
+/// input); raw records, holes and what the device does not support decoded on the CPU; the rest
+/// shipped, re-offered while the device is full.
 fn decompress_on_device(device: &dyn Device, encoded: &[Encoded]) -> Result<Vec<Vec<u8>>, String> {
     let (tx, rx) = crossbeam_channel::unbounded();
     let mut out: Vec<Option<Vec<u8>>> = vec![None; encoded.len()];
     let mut jobs = Vec::new();
     for (i, e) in encoded.iter().enumerate() {
-        if e.codec == Codec::Off {
+        let op = DeviceOp::Decompress { codec: e.codec, logical_len: e.logical_len as usize };
+        if e.codec == Codec::Off || !device.supports(&op, e.bytes.len()) {
             out[i] = Some(policy::decode_record(&request(e)).map_err(|err| err.to_string())?);
             continue;
         }
@@ -160,7 +162,7 @@ fn decompress_on_device(device: &dyn Device, encoded: &[Encoded]) -> Result<Vec<
         let tx = tx.clone();
         jobs.push(DeviceJob {
             tag: i as u64,
-            op: DeviceOp::Decompress { codec: e.codec, logical_len: e.logical_len as usize },
+            op,
             input: Arc::new(e.bytes.clone()),
             done: Box::new(move |r| {
                 let _ = tx.send((i, r));

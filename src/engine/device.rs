@@ -40,8 +40,8 @@ pub struct DeviceJob {
 pub trait Device: Send + Sync {
     /// Short name, shown in statistics and accepted by `offload=`.
     fn name(&self) -> &'static str;
-    /// Whether the device can run this at all (codec, level, size).
-    fn supports(&self, op: &DeviceOp) -> bool;
+    /// Whether the device can run this at all (codec, level, input length).
+    fn supports(&self, op: &DeviceOp, len: usize) -> bool;
     /// Whether `offload=auto` should send records of this setting here: the device is faster or
     /// saves CPU that matters (a GPU for gzip, not for lz4, which the CPU does at memory speed).
     fn worth_it(&self, compression: Compression) -> bool;

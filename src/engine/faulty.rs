@@ -189,7 +189,7 @@ impl Device for FaultyDevice {
         "faulty"
     }
 
-    fn supports(&self, op: &DeviceOp) -> bool {
+    fn supports(&self, op: &DeviceOp, _len: usize) -> bool {
         use crate::codec::Codec::*;
         match op {
             DeviceOp::Compress(c) => matches!(c.codec, Lz4 | Deflate | Zstd),

@@ -17,6 +17,7 @@ pub mod bench;
 mod cpu;
 pub mod device;
 pub mod faulty;
+pub mod gpu;
 mod offload;
 pub mod policy;
 pub mod stats;
@@ -130,8 +131,23 @@ pub fn detect_devices(config: &mut EngineConfig) -> Result<Detected, String> {
         }
         Err(_) => notes.push("no test accelerator".to_string()),
     }
-    notes.push("gpu: this build has no GPU backend".to_string());
+    match gpu::GpuDevice::open(gpu_config_from_env()) {
+        Ok(gpu) => {
+            notes.push(format!("gpu: {}", gpu.describe()));
+            devices.push(Arc::new(gpu));
+        }
+        Err(e) => notes.push(format!("gpu: {e}")),
+    }
     Ok((devices, notes))
+}
+
+/// GPU lane settings; `DENSEFS_GPU=N` picks another GPU than the first.
+fn gpu_config_from_env() -> gpu::GpuConfig {
+    let mut config = gpu::GpuConfig::default();
+    if let Some(n) = std::env::var("DENSEFS_GPU").ok().and_then(|v| v.parse().ok()) {
+        config.ordinal = n;
+    }
+    config
 }
 
 /// A record to encode.

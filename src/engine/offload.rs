@@ -149,7 +149,7 @@ impl Inner {
         let mut why = Fallback::Unsupported;
         for d in candidates {
             let offloader = &self.devices[d];
-            if !offloader.device.supports(&DeviceOp::Compress(compression)) {
+            if !offloader.device.supports(&DeviceOp::Compress(compression), data.len()) {
                 continue;
             }
             if req.offload == Offload::Auto && !offloader.device.worth_it(compression) {

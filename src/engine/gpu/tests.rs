@@ -1,0 +1,162 @@
+//! GPU round trips. Without a GPU they check that the reason is given; with one (the device
+//! run: `DENSEFS_REQUIRE_GPU=1`) every format goes GPU → CPU and CPU → GPU on real data, and
+//! through the engine with its policies.
+
+use super::*;
+use crate::checksum::ChecksumKind;
+use crate::engine::{CompressRequest, Engine, EngineConfig, Job, MinSavings, Offload, Output, Work};
+
+fn gpu() -> Option<GpuDevice> {
+    match GpuDevice::open(GpuConfig::default()) {
+        Ok(g) => {
+            eprintln!("GPU: {}", g.describe());
+            Some(g)
+        }
+        Err(e) if std::env::var_os("DENSEFS_REQUIRE_GPU").is_some() => panic!("no GPU: {e}"),
+        Err(e) => {
+            if !cuda::driver_present() {
+                assert!(e.contains("libcuda.so.1"), "{e}");
+            }
+            eprintln!("skipped: {e}");
+            None
+        }
+    }
+}
+
+/// FASTQ from DENSEFS_GPU_CORPUS (the benchmark's real reads), else FASTQ-like text.
+fn corpus(len: usize) -> Vec<u8> {
+    if let Some(data) = std::env::var_os("DENSEFS_GPU_CORPUS").and_then(|p| std::fs::read(p).ok()) {
+        return data.into_iter().cycle().take(len).collect();
+    }
+    let mut x = 88172645463325252u64;
+    let mut out = Vec::with_capacity(len);
+    let mut n = 0;
+    while out.len() < len {
+        n += 1;
+        out.extend_from_slice(format!("@SRR{n}.1 length=76\n").as_bytes());
+        for _ in 0..76 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            out.push(b"ACGT"[(x % 4) as usize]);
+        }
+        out.extend_from_slice(b"\n+\n");
+        for _ in 0..76 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            out.push(b"?@ABCDEFGHI"[(x % 11) as usize]);
+        }
+        out.push(b'\n');
+    }
+    out.truncate(len);
+    out
+}
+
+fn noise(len: usize) -> Vec<u8> {
+    let mut x = 0x9e3779b97f4a7c15u64;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 32) as u8
+        })
+        .collect()
+}
+
+const SETTINGS: [&str; 5] = ["lz4", "gzip-1", "gzip-6", "gzip-9", "zstd-3"];
+
+#[test]
+fn records_written_by_the_gpu_read_on_the_cpu_and_the_reverse() {
+    let Some(gpu) = gpu() else { return };
+    for name in SETTINGS {
+        let c = Compression::parse(name).unwrap();
+        for len in [4 << 10, 64 << 10, 128 << 10, 1 << 20] {
+            if c.codec == Codec::Zstd && len > ZSTD_MAX_CHUNK {
+                assert!(!gpu.supports(&DeviceOp::Compress(c), len));
+                continue;
+            }
+            for (kind, data) in [("fastq", corpus(len)), ("noise", noise(len))] {
+                // GPU → CPU
+                let stream = gpu.run_blocking(vec![(DeviceOp::Compress(c), data.clone())]).pop().unwrap().unwrap_or_else(|e| panic!("{name} {len} {kind}: {e}"));
+                let mut back = vec![0u8; len];
+                c.codec.decompress(&stream, &mut back).unwrap_or_else(|e| panic!("{name} {len} {kind}: CPU cannot read GPU output: {e}"));
+                assert!(back == data, "{name} {len} {kind}: GPU output decodes to other bytes");
+                // CPU → GPU
+                let mut cpu = vec![0u8; len * 2 + 1024];
+                let n = c.codec.compress(&data, &mut cpu, c.level).unwrap();
+                cpu.truncate(n);
+                let op = DeviceOp::Decompress { codec: c.codec, logical_len: len };
+                let back = gpu.run_blocking(vec![(op, cpu)]).pop().unwrap().unwrap_or_else(|e| panic!("{name} {len} {kind}: GPU cannot read CPU output: {e}"));
+                assert!(back == data, "{name} {len} {kind}: GPU decodes CPU output to other bytes");
+            }
+        }
+    }
+}
+
+#[test]
+fn large_batches_of_mixed_sizes_round_trip() {
+    let Some(gpu) = gpu() else { return };
+    let data = corpus(64 << 20);
+    for name in ["gzip-6", "lz4", "zstd-3"] {
+        let c = Compression::parse(name).unwrap();
+        let mut ops = Vec::new();
+        let mut at = 0;
+        let mut i = 0;
+        while at < data.len() {
+            let len = [4096, 65536, 131072, 100_000, 7777][i % 5].min(data.len() - at);
+            ops.push((DeviceOp::Compress(c), data[at..at + len].to_vec()));
+            at += len;
+            i += 1;
+        }
+        let inputs: Vec<Vec<u8>> = ops.iter().map(|(_, d)| d.clone()).collect();
+        let out = gpu.run_blocking(ops);
+        let mut stored = 0;
+        for (i, (r, input)) in out.into_iter().zip(&inputs).enumerate() {
+            let stream = r.unwrap_or_else(|e| panic!("{name} record {i}: {e}"));
+            stored += stream.len();
+            let mut back = vec![0u8; input.len()];
+            c.codec.decompress(&stream, &mut back).unwrap();
+            assert!(back == *input, "{name} record {i}");
+        }
+        eprintln!("{name}: ratio {:.2} over {} records", data.len() as f64 / stored as f64, inputs.len());
+    }
+}
+
+#[test]
+fn the_engine_offloads_to_the_gpu_with_every_policy() {
+    let Some(gpu) = gpu() else { return };
+    let engine = Engine::with_devices(EngineConfig::new(4), vec![Arc::new(gpu)]);
+    let data = Arc::new(corpus(32 << 20));
+    let (tx, rx) = crossbeam_channel::unbounded();
+    let records: Vec<Arc<Vec<u8>>> = data.chunks(128 << 10).map(|c| Arc::new(c.to_vec())).collect();
+    let jobs = records
+        .iter()
+        .enumerate()
+        .map(|(i, r)| {
+            let tx = tx.clone();
+            Job {
+                work: Work::Compress(CompressRequest {
+                    data: r.clone(),
+                    compression: Compression::parse("gzip-6").unwrap(),
+                    min_savings: MinSavings::ZFS,
+                    checksum: ChecksumKind::Crc32c,
+                    offload: Offload::Only("gpu"),
+                }),
+                done: Box::new(move |res| tx.send((i, res)).unwrap()),
+            }
+        })
+        .collect();
+    engine.submit(jobs);
+    for _ in 0..records.len() {
+        let (i, res) = rx.recv_timeout(Duration::from_secs(60)).expect("an answer");
+        let Ok(Output::Compressed(e)) = res else { panic!("record {i}") };
+        let mut back = vec![0u8; e.logical_len as usize];
+        e.codec.decompress(&e.bytes, &mut back).unwrap();
+        assert!(back == *records[i]);
+    }
+    let on_gpu = engine.stats().backends[1].compress(Codec::Deflate).records.load(Relaxed);
+    eprintln!("{}", engine.snapshot());
+    assert!(on_gpu > 0, "nothing ran on the GPU");
+}
