@@ -41,13 +41,14 @@ def main():
     ap.add_argument("--backend", default="all")
     ap.add_argument("--compression", default=ALGS)
     ap.add_argument("--repeat", default="3")
+    ap.add_argument("--size", help="repeat each file's records up to this size (e.g. 1G)")
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
     ap.add_argument("files", nargs="+")
     a = ap.parse_args()
     runs = []
     for f in a.files:
         cmd = [a.bin, "bench", "engine", "--backend", a.backend, "--compression", a.compression,
-               "--repeat", a.repeat, "--json", f]
+               "--repeat", a.repeat, "--json", f] + (["--size", a.size] if a.size else [])
         print("+", " ".join(cmd), file=sys.stderr, flush=True)
         p = subprocess.run(cmd, capture_output=True, text=True)
         sys.stderr.write(p.stderr)

@@ -177,6 +177,10 @@ enum BenchWhat {
         /// Compress everything, even data that looks incompressible.
         #[arg(long)]
         no_precheck: bool,
+        /// Repeat FILE's records until this much data (e.g. 1G), to fill a GPU with a small
+        /// sample; records are compressed independently, so the ratio does not change.
+        #[arg(long)]
+        size: Option<String>,
         #[arg(long)]
         json: bool,
         file: PathBuf,
@@ -209,8 +213,8 @@ fn main() -> ExitCode {
                 Err(format!("invalid interval {interval}"))
             }
         }
-        Command::Bench { what: BenchWhat::Engine { backend, compression, recordsize, threads, repeat, no_precheck, json, file } } => {
-            bench_engine(&backend, &compression, &recordsize, threads, repeat, !no_precheck, json, &file)
+        Command::Bench { what: BenchWhat::Engine { backend, compression, recordsize, threads, repeat, no_precheck, size, json, file } } => {
+            bench_engine(&backend, &compression, &recordsize, threads, repeat, !no_precheck, size.as_deref(), json, &file)
         }
         Command::Completions { shell } => {
             clap_complete::generate(shell, &mut Cli::command(), "densefs", &mut std::io::stdout());
@@ -305,7 +309,7 @@ fn get(scripted: bool, parsable: bool, columns: &[String], json: bool, propertie
 }
 
 #[allow(clippy::too_many_arguments)]
-fn bench_engine(backend: &str, compression: &[String], recordsize: &str, threads: Option<usize>, repeat: usize, precheck: bool, json: bool, file: &Path) -> Result<(), String> {
+fn bench_engine(backend: &str, compression: &[String], recordsize: &str, threads: Option<usize>, repeat: usize, precheck: bool, size: Option<&str>, json: bool, file: &Path) -> Result<(), String> {
     use densefs::engine::bench::{self, BenchOptions, BenchRow};
     let compressions = compression
         .iter()
@@ -325,9 +329,16 @@ fn bench_engine(backend: &str, compression: &[String], recordsize: &str, threads
         name if devices.iter().any(|d| d.name() == name) => vec![name.into()],
         name => return Err(format!("no {name} backend on this machine ({})", notes.join("; "))),
     };
-    let data = std::fs::read(file).map_err(|e| format!("{}: {e}", file.display()))?;
+    let mut data = std::fs::read(file).map_err(|e| format!("{}: {e}", file.display()))?;
     if data.is_empty() {
         return Err(format!("{}: empty file", file.display()));
+    }
+    if let Some(size) = size {
+        let want = densefs::mount::parse_size(size).ok_or_else(|| format!("invalid size '{size}' (e.g. 512M, 1G)"))? as usize;
+        // Whole records of the file, repeated: no record straddles the seam.
+        let whole = data.len() / record_size * record_size;
+        let unit = if whole == 0 { data.clone() } else { data[..whole].to_vec() };
+        data = unit.iter().cycle().take(want.max(1)).copied().collect();
     }
     let options = BenchOptions { backends, compressions, record_size, cpu_threads, precheck, repeat };
     if !json {

@@ -51,7 +51,8 @@ fn on_off(key: &str, value: Option<&str>) -> Result<bool, String> {
     }
 }
 
-fn parse_size(text: &str) -> Option<u64> {
+/// "64K", "16M", "1G" or a plain number of bytes.
+pub fn parse_size(text: &str) -> Option<u64> {
     let (digits, unit) = match text.char_indices().find(|(_, c)| !c.is_ascii_digit()) {
         Some((i, _)) => text.split_at(i),
         None => (text, ""),
@@ -61,6 +62,7 @@ fn parse_size(text: &str) -> Option<u64> {
         "" => 1,
         "k" | "K" | "KiB" => 1 << 10,
         "m" | "M" | "MiB" => 1 << 20,
+        "g" | "G" | "GiB" => 1 << 30,
         _ => return None,
     };
     n.checked_mul(mult)
