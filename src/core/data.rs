@@ -93,7 +93,7 @@ impl DenseFs {
             }
         };
         open.handles += 1;
-        Ok(self.new_handle(Handle::File { inode: inode.inode.clone(), content }))
+        Ok(self.new_handle(Handle::File { inode: inode.inode.clone(), content, writable }))
     }
 
     pub fn open(&self, nodeid: u64, flags: i32) -> FsResult<u64> {
@@ -163,10 +163,13 @@ impl DenseFs {
     }
 
     /// close(2) of one descriptor: everything written reaches the lower file (errors show here).
+    /// close(2) of one handle: lands what is in memory. A reader's close has nothing of its own
+    /// to land, and must neither wait for writers' data nor take their write-back error.
     pub fn flush(&self, fh: u64) -> FsResult<()> {
-        match self.file_content(fh)? {
-            Content::Container(c) => c.flush(),
-            Content::Plain(_) => Ok(()),
+        let handle = self.handle(fh)?;
+        match &*handle {
+            Handle::File { content: Content::Container(c), writable: true, .. } => c.flush(),
+            _ => Ok(()),
         }
     }
 
@@ -190,7 +193,9 @@ impl DenseFs {
         if let Some(Content::Container(c)) = open.content.take() {
             let result = if c.has_stale() { c.sync(true) } else { c.flush() };
             if let Err(e) = result {
-                tracing::error!(inode = inode.nodeid, "writing back at close failed: {e}");
+                // Keep the data in memory (readable, retried by background writeback).
+                tracing::error!(inode = inode.nodeid, "writing back at close failed; the data stays in memory and is retried: {e}");
+                open.content = Some(Content::Container(c));
             }
         }
     }

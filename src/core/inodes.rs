@@ -51,6 +51,9 @@ pub struct Inode {
     pub open: Mutex<OpenState>,
 }
 
+/// `content` is set while handles are open, and also after the last close when writing it back
+/// failed (a full disk, an I/O error): the data stays in memory, readable, and background
+/// writeback retries until it lands.
 #[derive(Default)]
 pub struct OpenState {
     pub handles: usize,
@@ -294,13 +297,29 @@ impl InodeTable {
         let mut t = self.inner.lock();
         if let Some(e) = t.by_id.get_mut(&nodeid) {
             e.lookups = e.lookups.saturating_sub(n);
-            if e.lookups == 0 {
+            // An inode whose content is still in memory stays, so that a new lookup finds that
+            // content rather than the stale lower file. (try_lock: the lock order is open →
+            // table, and a busy inode is in use anyway.)
+            let pinned = e.inode.open.try_lock().is_none_or(|open| open.content.is_some());
+            if e.lookups == 0 && !pinned {
                 let e = t.by_id.remove(&nodeid).expect("BUG: entry present");
                 if e.inode.place.lock().fd.take().is_some() {
                     self.open_fds.fetch_sub(1, Ordering::Relaxed);
                 }
             }
         }
+    }
+
+    /// Inodes whose content is in memory with no handle open: data a failed close left behind.
+    pub fn unwritten(&self) -> Vec<Arc<Inode>> {
+        let inodes: Vec<Arc<Inode>> = self.inner.lock().by_id.values().map(|e| e.inode.clone()).collect();
+        inodes
+            .into_iter()
+            .filter(|inode| {
+                let open = inode.open.lock();
+                open.handles == 0 && open.content.is_some()
+            })
+            .collect()
     }
 
     /// Every inode with content open (for a final flush).

@@ -129,7 +129,8 @@ pub struct Statfs {
 }
 
 enum Handle {
-    File { inode: Arc<Inode>, content: Content },
+    /// `writable`: opened for writing; only those handles hear of write-back errors at close.
+    File { inode: Arc<Inode>, content: Content, writable: bool },
     Dir { entries: Arc<Vec<DirEntry>> },
 }
 
@@ -298,6 +299,23 @@ impl DenseFs {
                 if let Err(e) = c.writeback() {
                     tracing::warn!("background writeback: {e}");
                 }
+            }
+        }
+        // Files closed while their data could not be written: retry, and let go once it lands.
+        for inode in self.inodes.unwritten() {
+            let mut open = inode.open.lock();
+            let Some(Content::Container(c)) = open.content.clone() else { continue };
+            if open.handles > 0 {
+                continue;
+            }
+            match c.sync(true) {
+                Ok(()) => {
+                    open.content = None;
+                    drop(open);
+                    tracing::info!(inode = inode.nodeid, "data kept after a failed close is now written");
+                    self.inodes.forget(inode.nodeid, 0);
+                }
+                Err(e) => tracing::warn!(inode = inode.nodeid, "still cannot write back a closed file: {e}"),
             }
         }
     }
