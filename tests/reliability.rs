@@ -155,3 +155,84 @@ fn a_file_closed_on_a_full_disk_keeps_its_data_until_it_can_be_written() {
     assert!(fs::read(m.path("late")).unwrap() == acknowledged);
     m.unmount();
 }
+
+/// Builds tests/fault/libfault.c (the LD_PRELOAD shim that fails I/O on marked files).
+fn fault_shim(dir: &Path) -> PathBuf {
+    let out = dir.join("libfault.so");
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fault/libfault.c");
+    let ok = Command::new("cc").args(["-shared", "-fPIC", "-O2", "-o"]).arg(&out).arg(&src).arg("-ldl").status().expect("cc");
+    assert!(ok.success(), "cannot build the fault shim");
+    out
+}
+
+fn is_eio(result: std::io::Result<impl Sized>) -> bool {
+    matches!(result, Err(e) if e.raw_os_error() == Some(libc::EIO))
+}
+
+#[test]
+fn lower_io_errors_reach_the_caller_as_eio_never_as_wrong_data() {
+    let d = Dirs::new();
+    let shim = fault_shim(d.root.path());
+    let env = [("LD_PRELOAD", shim.to_str().unwrap())];
+    let data = compressible(4 << 20, 5);
+    let other = compressible(1 << 20, 6);
+    fs::write(d.lower.join("plain.eio-read"), b"a plain lower file").unwrap();
+    let m = Mount::with_env(&d.lower, &d.mnt, "compression=zstd-3", &env);
+    fs::write(m.path("r"), &data).unwrap();
+    fs::write(m.path("other"), &other).unwrap();
+    m.unmount();
+    // Reads: a failing lower read is EIO at open or read; other files are untouched.
+    let m = Mount::with_env(&d.lower, &d.mnt, "", &env);
+    fs::rename(m.path("r"), m.path("r.eio-read")).unwrap();
+    assert!(is_eio(fs::read(m.path("r.eio-read"))), "a failed lower read was not EIO");
+    assert!(is_eio(fs::read(m.path("plain.eio-read"))));
+    assert!(fs::read(m.path("other")).unwrap() == other);
+    let scrub = Command::new(BIN).arg("scrub").arg(&m.mnt).output().unwrap();
+    assert!(!scrub.status.success(), "scrub missed an unreadable file");
+    assert!(String::from_utf8_lossy(&scrub.stdout).contains("r.eio-read"), "{}", String::from_utf8_lossy(&scrub.stdout));
+    fs::rename(m.path("r.eio-read"), m.path("r")).unwrap();
+    assert!(fs::read(m.path("r")).unwrap() == data, "after the fault, the data reads back");
+    // Writes: the writer hears EIO (at write, fsync or close); the data is kept, and lands once
+    // the lower file can be written again.
+    let w = compressible(3 << 20, 7);
+    assert!(is_eio(fs::write(m.path("x.eio-write"), b"x")), "creating a container on a failing file is EIO");
+    fs::write(m.path("w"), b"").unwrap();
+    let f = OpenOptions::new().read(true).write(true).open(m.path("w")).unwrap();
+    f.write_all_at(b"start", 0).unwrap();
+    f.sync_all().unwrap();
+    fs::rename(m.path("w"), m.path("w.eio-write")).unwrap();
+    let mut acknowledged = 0;
+    let mut write_failed = false;
+    for (i, chunk) in w.chunks(1 << 20).enumerate() {
+        if is_eio(f.write_all_at(chunk, (i << 20) as u64)) {
+            write_failed = true;
+            break;
+        }
+        acknowledged += chunk.len();
+    }
+    assert!(write_failed || is_eio(f.sync_all()), "a failed lower write was not reported as EIO");
+    let mut back = vec![0u8; acknowledged];
+    f.read_exact_at(&mut back, 0).unwrap();
+    assert!(back == w[..acknowledged], "acknowledged data is not what reads back");
+    fs::rename(m.path("w.eio-write"), m.path("w")).unwrap();
+    wait_until("w to be written", || f.sync_all().is_ok());
+    drop(f);
+    // fsync: EIO, never success.
+    let s = compressible(1 << 20, 8);
+    let mut f = OpenOptions::new().write(true).create(true).truncate(true).open(m.path("s")).unwrap();
+    fs::rename(m.path("s"), m.path("s.eio-sync")).unwrap();
+    f.write_all(&s).unwrap();
+    assert!(is_eio(f.sync_all()), "a failed lower fsync was not EIO");
+    drop(f);
+    fs::rename(m.path("s.eio-sync"), m.path("s")).unwrap();
+    // The daemon is alive and serving.
+    assert!(m.child.as_ref().is_some(), "daemon handle");
+    fs::write(m.path("after"), b"still here").unwrap();
+    m.unmount();
+    let m = Mount::new(&d.lower, &d.mnt, "");
+    assert!(fs::read(m.path("r")).unwrap() == data);
+    assert!(fs::read(m.path("w")).unwrap()[..acknowledged] == w[..acknowledged]);
+    assert!(fs::read(m.path("s")).unwrap() == s);
+    assert_eq!(fs::read(m.path("after")).unwrap(), b"still here");
+    m.unmount();
+}
