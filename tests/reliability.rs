@@ -236,3 +236,104 @@ fn lower_io_errors_reach_the_caller_as_eio_never_as_wrong_data() {
     assert_eq!(fs::read(m.path("after")).unwrap(), b"still here");
     m.unmount();
 }
+
+// ---- corrupt containers ------------------------------------------------------------------
+
+const RS: u64 = 64 << 10; // the record size these tests write with
+
+/// Lower offset of group 0's descriptor of `record`'s `slot` (docs/FORMAT.md).
+fn descriptor_off(record: u64, slot: u64) -> u64 {
+    assert!(record < 32);
+    2048 + record * 64 + slot * 32
+}
+
+fn slot_off(record: u64, slot: u64) -> u64 {
+    let (group, i) = (record / 32, record % 32);
+    4096 + group * (64 * RS + 4096) + (2 * i + slot) * RS
+}
+
+fn patch(path: &Path, at: u64, f: impl FnOnce(&mut [u8])) {
+    let file = OpenOptions::new().read(true).write(true).open(path).unwrap();
+    let mut b = vec![0u8; 128];
+    file.read_exact_at(&mut b, at).unwrap();
+    f(&mut b);
+    file.write_all_at(&b, at).unwrap();
+}
+
+fn stored_len(path: &Path, record: u64, slot: u64) -> u64 {
+    let mut d = [0u8; 32];
+    fs::File::open(path).unwrap().read_exact_at(&mut d, descriptor_off(record, slot)).unwrap();
+    u32::from_le_bytes(d[4..8].try_into().unwrap()) as u64
+}
+
+/// Reads record `r` of a mounted file: Ok(bytes) or the errno.
+fn read_record(path: &Path, r: u64) -> Result<Vec<u8>, i32> {
+    let f = fs::File::open(path).map_err(|e| errno(&e))?;
+    let mut buf = vec![0u8; RS as usize];
+    let n = f.read_at(&mut buf, r * RS).map_err(|e| errno(&e))?;
+    buf.truncate(n);
+    Ok(buf)
+}
+
+#[test]
+fn every_kind_of_corruption_is_eio_for_that_file_or_record_only_and_scrub_lists_them_all() {
+    let d = Dirs::new();
+    let m = Mount::new(&d.lower, &d.mnt, "recordsize=64K,compression=gzip-6");
+    let data = compressible(48 * RS as usize, 11); // two groups of records
+    let names = ["flip", "trunc", "zero_header", "garbage_header", "future", "descriptor", "ok"];
+    for n in names {
+        fs::write(m.path(n), &data).unwrap();
+    }
+    m.unmount();
+    let lower = |n: &str| d.lower.join(n);
+    // A flipped bit in record 5's stored bytes.
+    let mid = slot_off(5, 0) + stored_len(&lower("flip"), 5, 0) / 2;
+    patch(&lower("flip"), mid, |b| b[0] ^= 0x10);
+    // Truncated in the middle of group 1: records 40.. lose their slots (lengths point past EOF).
+    OpenOptions::new().write(true).open(lower("trunc")).unwrap().set_len(slot_off(40, 0) + 100).unwrap();
+    // Both header copies zeroed, or overwritten with garbage.
+    patch(&lower("zero_header"), 0, |b| b.fill(0));
+    patch(&lower("garbage_header"), 0, |b| b.iter_mut().enumerate().for_each(|(i, x)| *x = (i * 37 + 11) as u8));
+    // A header from a future format version (valid checksum).
+    patch(&lower("future"), 0, |b| {
+        for at in [0usize, 64] {
+            b[at + 8] = 2;
+            let crc = crc32c::crc32c(&b[at..at + 60]);
+            b[at + 60..at + 64].copy_from_slice(&crc.to_le_bytes());
+        }
+    });
+    // Record 3's descriptors damaged (a flipped bit in each slot's).
+    patch(&lower("descriptor"), descriptor_off(3, 0), |b| {
+        b[5] ^= 1;
+        b[32 + 5] ^= 1;
+    });
+    let m = Mount::new(&d.lower, &d.mnt, "");
+    let rec = |r: u64| data[(r * RS) as usize..((r + 1) * RS) as usize].to_vec();
+    // Damage to records: EIO for those records, the others read.
+    assert_eq!(read_record(&m.path("flip"), 5).map(|b| b.len()), Err(libc::EIO));
+    assert_eq!(read_record(&m.path("flip"), 4).map(|b| b == rec(4)), Ok(true));
+    assert_eq!(read_record(&m.path("flip"), 6).map(|b| b == rec(6)), Ok(true));
+    assert_eq!(read_record(&m.path("trunc"), 39).map(|b| b == rec(39)), Ok(true));
+    assert_eq!(read_record(&m.path("trunc"), 41).map(|b| b.len()), Err(libc::EIO));
+    assert_eq!(read_record(&m.path("trunc"), 47).map(|b| b.len()), Err(libc::EIO));
+    assert_eq!(read_record(&m.path("descriptor"), 3).map(|b| b.len()), Err(libc::EIO), "a damaged descriptor must not read as zeros");
+    assert_eq!(read_record(&m.path("descriptor"), 2).map(|b| b == rec(2)), Ok(true));
+    // Damage to headers: the whole file is EIO, with a clear log line.
+    for n in ["zero_header", "garbage_header", "future"] {
+        assert_eq!(read_record(&m.path(n), 0).map(|b| b.len()), Err(libc::EIO), "{n}");
+    }
+    assert!(fs::read(m.path("ok")).unwrap() == data);
+    let log = m.log_text();
+    for (file, says) in [("flip", "record 5"), ("trunc", "record 41"), ("descriptor", "record=3"), ("zero_header", "header is gone"), ("future", "format version 2")] {
+        assert!(log.lines().any(|l| l.contains(file) && l.contains(says)), "no log line for {file} saying '{says}':\n{log}");
+    }
+    // scrub finds every damaged file (and record), and not the intact one.
+    let out = Command::new(BIN).args(["scrub", "--json"]).arg(&m.mnt).output().unwrap();
+    assert!(!out.status.success());
+    let report = String::from_utf8_lossy(&out.stdout);
+    for n in &names[..6] {
+        assert!(report.contains(&format!("/{n}")), "scrub missed {n}: {report}");
+    }
+    assert!(!report.contains("/ok\""), "scrub blamed an intact file: {report}");
+    m.unmount();
+}

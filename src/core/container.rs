@@ -256,15 +256,22 @@ impl Container {
         if let Some((_, buf)) = st.clean.iter().find(|(r, _)| *r == record) {
             return Ok(Source::Memory(buf.clone()));
         }
-        let found = newest_first(&self.pair(st, record)?);
+        let pair = self.pair(st, record)?;
+        let found = newest_first(&pair);
+        if found.is_empty() && pair.contains(&SlotState::Damaged) {
+            // A record was there, and its descriptor is damaged: not a hole to read as zeros.
+            error!(file = %self.label, record, "record unreadable: its slot descriptors are damaged");
+            return Err(FsError::corrupt(format!("{}: record {record}: damaged slot descriptor", self.label)));
+        }
         Ok(if found.is_empty() { Source::Absent } else { Source::Lower { candidates: found } })
     }
 
     fn read_slot(&self, record: u64, slot: usize, d: &Descriptor) -> FsResult<DecompressRequest> {
         let mut stored = vec![0u8; d.stored_len as usize];
         let at = if d.is_inline() { INLINE_OFF } else { self.layout.record_to_slot_off(record, slot) };
-        let n = lower::pread_full(&self.lower, &mut stored, at)?;
-        stored.truncate(n); // a short slot fails its checksum below
+        // A slot cut short (a truncated lower file) keeps its length: the missing bytes read as
+        // zeros and fail the checksum, so it is never taken for a hole.
+        lower::pread_full(&self.lower, &mut stored, at)?;
         Ok(DecompressRequest {
             codec: d.codec(),
             stored,

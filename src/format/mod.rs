@@ -34,6 +34,7 @@ pub mod layout;
 pub use crate::checksum::ChecksumKind;
 use crate::codec::{Codec, CodecError};
 pub use layout::{Layout, Piece};
+use layout::{GROUP0_TABLE_OFF, MAX_RECORD_SHIFT, TABLE_SIZE};
 
 pub const MAGIC: [u8; 8] = *b"DENSEFS\0";
 pub const FORMAT_VERSION: u16 = 1;
@@ -46,6 +47,9 @@ pub const DESCRIPTOR_SIZE: usize = layout::DESCRIPTOR_SIZE as usize;
 pub enum FormatError {
     /// Both header copies are damaged (the magic is there, the checksums are not).
     BadHeader,
+    /// Neither copy has the magic, yet block 0 holds a valid record table: a container whose
+    /// header was overwritten (zeroed or garbage), not a plain file.
+    HeaderLost,
     /// Written by a newer densefs.
     FutureVersion(u16),
     /// A field holds a value this version does not know.
@@ -60,6 +64,7 @@ impl std::fmt::Display for FormatError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             FormatError::BadHeader => f.write_str("both header copies are damaged"),
+            FormatError::HeaderLost => f.write_str("the header is gone (overwritten) but the record table is there: a damaged container"),
             FormatError::FutureVersion(v) => {
                 write!(f, "format version {v} is newer than this densefs reads ({FORMAT_VERSION})")
             }
@@ -147,6 +152,7 @@ impl Header {
     pub fn decode(block: &[u8]) -> Result<Option<Header>, FormatError> {
         let copy = |at: usize| block.get(at..at + HEADER_COPY_SIZE).and_then(Header::decode_copy);
         match (copy(0), copy(HEADER_COPY_STRIDE)) {
+            (None, None) if has_record_table(block) => Err(FormatError::HeaderLost),
             (None, None) => Ok(None),
             (Some(Ok(a)), Some(Ok(b))) => Ok(Some(if a.sequence >= b.sequence { a } else { b })),
             (Some(Ok(h)), _) | (_, Some(Ok(h))) => Ok(Some(h)),
@@ -154,6 +160,15 @@ impl Header {
             (Some(Err(e @ FormatError::FutureVersion(_))), _) | (_, Some(Err(e))) | (Some(Err(e)), _) => Err(e),
         }
     }
+}
+
+/// Whether block 0 holds at least one valid slot descriptor in group 0's table: the mark of a
+/// container even when both header copies are gone (a plain file passes a descriptor's crc32c
+/// by chance with odds of about 2^-26 over the 64 places).
+fn has_record_table(block: &[u8]) -> bool {
+    let table = GROUP0_TABLE_OFF as usize;
+    let Some(bytes) = block.get(table..table + TABLE_SIZE as usize) else { return false };
+    bytes.chunks_exact(DESCRIPTOR_SIZE).any(|d| matches!(Descriptor::decode(d, 1 << MAX_RECORD_SHIFT), SlotState::Valid(_)))
 }
 
 /// One slot's descriptor: which bytes the slot holds and how to check and decode them.
@@ -325,6 +340,19 @@ mod tests {
         let crc = crc32c::crc32c(&future[..60]);
         future[60..64].copy_from_slice(&crc.to_le_bytes());
         assert_eq!(Header::decode(&block_with(&[(0, future)])), Err(FormatError::FutureVersion(2)));
+    }
+
+    #[test]
+    fn a_container_whose_headers_were_overwritten_is_not_taken_for_a_plain_file() {
+        let d = Descriptor { generation: 1, stored_len: 100, logical_len: 4096, codec_id: 1, level: 0, flags: 0, checksum: 7 };
+        let mut block = vec![0u8; 4096];
+        block[2048 + 5 * 64..2048 + 5 * 64 + 32].copy_from_slice(&d.encode());
+        assert_eq!(Header::decode(&block), Err(FormatError::HeaderLost));
+        block[..128].iter_mut().enumerate().for_each(|(i, b)| *b = i as u8 ^ 0x5a); // garbage, no magic
+        assert_eq!(Header::decode(&block), Err(FormatError::HeaderLost));
+        // A damaged descriptor alone does not make a container of a plain file.
+        block[2048 + 5 * 64 + 3] ^= 1;
+        assert_eq!(Header::decode(&block), Ok(None));
     }
 
     #[test]
