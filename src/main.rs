@@ -27,6 +27,8 @@ enum Command {
     ///   offload_min=SIZE, offload_max=SIZE   records outside go to the CPU (default 4K, 1M)
     ///   precheck=on|off   skip slow codecs on data that looks incompressible (default on)
     ///   verify=on|off     decode accelerator output on the CPU before storing it (default on)
+    ///   cache_size=SIZE   file data all open files may hold in memory: written and not yet
+    ///                     stored, being compressed, or cached decoded (default 256M)
     ///   threads=N         FUSE request threads
     ///   allow_other, ro, nosuid, nodev, noexec, noatime, ...  as for any mount
     /// These are the root directory's defaults; `densefs set` overrides them below a directory.

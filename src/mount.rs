@@ -99,6 +99,10 @@ pub fn parse_mount_options(list: &str) -> Result<MountConfig, String> {
                 let n = parse_size(&v).filter(|n| (1..=1 << 20).contains(n)).ok_or_else(|| format!("invalid {key} '{v}' (a size up to 1M, e.g. 4K)"))?;
                 if key == "offload_min" { engine.offload_window.0 = n as usize } else { engine.offload_window.1 = n as usize }
             }
+            "cache_size" => {
+                let v = need(value)?;
+                options.cache_size = parse_size(&v).filter(|&n| n >= 8 << 20).ok_or_else(|| format!("invalid cache_size '{v}' (at least 8M, e.g. 256M or 1G)"))? as usize;
+            }
             "precheck" => engine.precheck = on_off(key, value)?,
             "verify" => engine.verify = on_off(key, value)?,
             "threads" => {
@@ -306,6 +310,7 @@ fn serve(
         Ok(fs) => Arc::new(fs),
         Err(e) => return Err(fail(&mut ready, e.to_string())),
     };
+    fs.connect_memory_budget();
     let mut fuse_config = fuser::Config::default();
     fuse_config.mount_options = vec![
         MountOption::FSName(lower.display().to_string()),

@@ -16,6 +16,7 @@
 
 use super::error::{FsError, FsResult};
 use super::lower;
+use super::memory::Memory;
 use crate::checksum::ChecksumKind;
 use crate::codec::Compression;
 use crate::engine::{CompressRequest, DecompressRequest, Encoded, Engine, EngineError, Job, Output, RecordPolicy, Work};
@@ -33,6 +34,9 @@ const DIRTY_LIMIT: usize = 64 << 20;
 const INFLIGHT_LIMIT: usize = 64 << 20;
 /// Decoded records kept for small reads that hit the same record again.
 const CLEAN_CACHE_RECORDS: usize = 16;
+/// Groups of descriptors cached per file (2 KiB each): tables are re-read when evicted, so a
+/// huge file's metadata does not grow memory without bound.
+const TABLE_CACHE_GROUPS: usize = 256;
 
 
 /// What new container files are created with.
@@ -48,6 +52,7 @@ pub struct Container {
     layout: Layout,
     checksum: ChecksumKind,
     engine: Arc<Engine>,
+    memory: Arc<Memory>,
     /// Lower path, for log lines.
     label: String,
     slot_io: RwLock<()>,
@@ -85,6 +90,15 @@ struct State {
     stale: BTreeSet<u64>,
     /// A failed landing, reported by the next write, flush or fsync (its data stays dirty).
     write_error: Option<FsError>,
+    /// The budget dirty, in-flight and clean bytes are charged to.
+    memory: Arc<Memory>,
+}
+
+impl Drop for State {
+    fn drop(&mut self) {
+        let clean: usize = self.clean.iter().map(|(_, b)| b.len()).sum();
+        self.memory.release(self.dirty_bytes + self.inflight_bytes + clean);
+    }
 }
 
 /// Where a record's current bytes come from.
@@ -95,7 +109,7 @@ enum Source {
 }
 
 impl State {
-    fn new(compression: Compression, policy: RecordPolicy, size: u64, header_seq: u64) -> State {
+    fn new(compression: Compression, policy: RecordPolicy, size: u64, header_seq: u64, memory: Arc<Memory>) -> State {
         State {
             compression,
             policy,
@@ -113,31 +127,61 @@ impl State {
             unsynced: HashSet::new(),
             stale: BTreeSet::new(),
             write_error: None,
+            memory,
         }
     }
 
     fn forget_clean(&mut self, record: u64) {
-        self.clean.retain(|(r, _)| *r != record);
+        let memory = &self.memory;
+        self.clean.retain(|(r, b)| {
+            let keep = *r != record;
+            if !keep {
+                memory.release(b.len());
+            }
+            keep
+        });
     }
 
     fn put_dirty(&mut self, record: u64, buf: Vec<u8>) {
         self.forget_clean(record);
         self.dirty_bytes += buf.len();
+        self.memory.charge(buf.len());
         if let Some(old) = self.dirty.insert(record, buf) {
             self.dirty_bytes -= old.len();
+            self.memory.release(old.len());
         }
     }
 
     fn take_dirty(&mut self, record: u64) -> Option<Vec<u8>> {
         let buf = self.dirty.remove(&record)?;
         self.dirty_bytes -= buf.len();
+        self.memory.release(buf.len());
         Some(buf)
+    }
+
+    fn put_inflight(&mut self, record: u64, flight: InFlight) {
+        self.inflight_bytes += flight.data.len();
+        self.memory.charge(flight.data.len());
+        if let Some(old) = self.inflight.insert(record, flight) {
+            self.inflight_bytes -= old.data.len();
+            self.memory.release(old.data.len());
+        }
     }
 
     fn take_inflight(&mut self, record: u64) -> Option<InFlight> {
         let f = self.inflight.remove(&record)?;
         self.inflight_bytes -= f.data.len();
+        self.memory.release(f.data.len());
         Some(f)
+    }
+
+    fn cache_table(&mut self, group: u64, table: Box<[Pair]>) {
+        if self.tables.len() >= TABLE_CACHE_GROUPS {
+            if let Some(&victim) = self.tables.keys().find(|&&g| g != group) {
+                self.tables.remove(&victim);
+            }
+        }
+        self.tables.insert(group, table);
     }
 }
 
@@ -150,7 +194,7 @@ impl Container {
     }
 
     /// Turns an empty (or to-be-emptied) lower file into an empty container.
-    pub fn create(lower: File, settings: CreateSettings, policy: RecordPolicy, engine: Arc<Engine>, label: String) -> FsResult<Container> {
+    pub fn create(lower: File, settings: CreateSettings, policy: RecordPolicy, engine: Arc<Engine>, memory: Arc<Memory>, label: String) -> FsResult<Container> {
         lower.set_len(0)?;
         let header = Header {
             layout: settings.layout,
@@ -164,19 +208,20 @@ impl Container {
         let at = Header::copy_offset(1) as usize;
         block[at..at + crate::format::HEADER_COPY_SIZE].copy_from_slice(&header.encode());
         lower::pwrite_all(&lower, &block, 0)?;
-        Ok(Container::open(lower, header, policy, engine, label))
+        Ok(Container::open(lower, header, policy, engine, memory, label))
     }
 
-    pub fn open(lower: File, header: Header, policy: RecordPolicy, engine: Arc<Engine>, label: String) -> Container {
+    pub fn open(lower: File, header: Header, policy: RecordPolicy, engine: Arc<Engine>, memory: Arc<Memory>, label: String) -> Container {
         let compression = Compression { codec: header.codec, level: header.level as i32 };
         let container = Container {
             lower,
             layout: header.layout,
             checksum: header.checksum,
             engine,
+            memory: memory.clone(),
             label,
             slot_io: RwLock::new(()),
-            state: Mutex::new(State::new(compression, policy, header.size, header.sequence)),
+            state: Mutex::new(State::new(compression, policy, header.size, header.sequence, memory)),
             landed: Condvar::new(),
         };
         // Records past the size (a crash between landing them and writing the header) must not
@@ -227,7 +272,7 @@ impl Container {
             }
         }
         let pair = table[index];
-        st.tables.insert(group, table);
+        st.cache_table(group, table);
         Ok(pair)
     }
 
@@ -313,9 +358,15 @@ impl Container {
 
     fn remember_clean(&self, st: &mut State, record: u64, buf: &Arc<Vec<u8>>) {
         st.forget_clean(record);
-        if st.clean.len() >= CLEAN_CACHE_RECORDS {
-            st.clean.pop_front();
+        if st.clean.len() >= CLEAN_CACHE_RECORDS || (st.memory.over() && !st.clean.is_empty()) {
+            if let Some((_, old)) = st.clean.pop_front() {
+                st.memory.release(old.len());
+            }
         }
+        if st.memory.over() {
+            return; // a cache, not worth memory the budget does not have
+        }
+        st.memory.charge(buf.len());
         st.clean.push_back((record, buf.clone()));
     }
 
@@ -477,6 +528,7 @@ impl Container {
         offset.checked_add(data.len() as u64).ok_or(FsError::errno(libc::EFBIG))?;
         self.take_write_error(&mut self.state.lock())?;
         self.wait_for_room();
+        self.memory.wait_for_room();
         let rs = self.layout.record_size() as usize;
         let size = self.size();
         if offset > size {
@@ -500,7 +552,7 @@ impl Container {
         }
         let jobs = {
             let mut st = self.state.lock();
-            if st.dirty_bytes > DIRTY_LIMIT {
+            if st.dirty_bytes > DIRTY_LIMIT.min(st.memory.limit() / 2) {
                 ready = st.dirty.keys().copied().collect();
             }
             self.prepare(&mut st, &ready)
@@ -525,8 +577,7 @@ impl Container {
             let seq = st.next_seq;
             st.next_seq += 1;
             let data = Arc::new(buf);
-            st.inflight_bytes += data.len();
-            st.inflight.insert(record, InFlight { seq, data: data.clone() });
+            st.put_inflight(record, InFlight { seq, data: data.clone() });
             let me = Arc::clone(self);
             jobs.push(Job {
                 work: Work::Compress(CompressRequest {
@@ -808,7 +859,13 @@ impl Container {
         for r in doomed {
             st.take_inflight(r);
         }
-        st.clean.retain(|(r, _)| *r < first);
+        let memory = st.memory.clone();
+        st.clean.retain(|(r, b)| {
+            if *r >= first {
+                memory.release(b.len());
+            }
+            *r < first
+        });
         st.unsynced.retain(|&r| r < first);
         st.stale = st.stale.range(..first).copied().collect();
         // Records sharing a table that stays (the boundary group's, and always group 0's, which

@@ -68,10 +68,10 @@ impl DenseFs {
         let settings = self.settings_in(self.inodes.parent_of(inode.nodeid).unwrap_or(super::ROOT));
         match Container::probe(&file) {
             Ok(Some(header)) => {
-                Ok(Content::Container(Arc::new(Container::open(file, header, settings.record_policy(), self.engine.clone(), label))))
+                Ok(Content::Container(Arc::new(Container::open(file, header, settings.record_policy(), self.engine.clone(), self.memory.clone(), label))))
             }
             Ok(None) if writable && file.metadata()?.len() == 0 => {
-                let c = Container::create(file, Self::create_settings(&settings), settings.record_policy(), self.engine.clone(), label)?;
+                let c = Container::create(file, Self::create_settings(&settings), settings.record_policy(), self.engine.clone(), self.memory.clone(), label)?;
                 Ok(Content::Container(Arc::new(c)))
             }
             Ok(None) => Ok(Content::Plain(Arc::new(file))),

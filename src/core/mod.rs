@@ -10,6 +10,7 @@ pub mod data;
 pub mod error;
 mod inodes;
 pub mod lower;
+pub mod memory;
 mod namespace;
 pub mod props;
 mod recompress;
@@ -41,6 +42,8 @@ pub struct Options {
     pub checksum: ChecksumKind,
     pub min_savings: MinSavings,
     pub offload: Offload,
+    /// File data all open files may hold in memory (dirty, in flight, cached), in bytes.
+    pub cache_size: usize,
 }
 
 impl Options {
@@ -57,6 +60,7 @@ impl Default for Options {
             checksum: ChecksumKind::Crc32c,
             min_savings: MinSavings::ZFS,
             offload: Offload::Auto,
+            cache_size: 256 << 20,
         }
     }
 }
@@ -142,6 +146,7 @@ pub struct DenseFs {
     /// The lower directory's path, for mount-relative names in reports.
     lower_root: std::path::PathBuf,
     engine: Arc<Engine>,
+    memory: Arc<memory::Memory>,
     inodes: InodeTable,
     handles: Mutex<HashMap<u64, Arc<Handle>>>,
     next_handle: AtomicU64,
@@ -179,6 +184,7 @@ impl DenseFs {
             options,
             lower_root: std::fs::canonicalize(lower_root).unwrap_or_else(|_| lower_root.to_path_buf()),
             engine,
+            memory: Arc::new(memory::Memory::new(options.cache_size)),
             inodes: InodeTable::new(fd, st.st_dev, st.st_ino, fd_budget()),
             handles: Mutex::new(HashMap::new()),
             next_handle: AtomicU64::new(1),
@@ -293,6 +299,32 @@ impl DenseFs {
 
     /// Starts writing back what has sat in memory (called every few seconds, like the kernel's
     /// dirty writeback or a ZFS transaction group).
+    /// Lets writers that find the memory budget spent start writeback of every open file.
+    pub fn connect_memory_budget(self: &Arc<Self>) {
+        let weak = Arc::downgrade(self);
+        self.memory.set_kick(Box::new(move || {
+            if let Some(fs) = weak.upgrade() {
+                fs.start_writeback();
+            }
+        }));
+    }
+
+    /// File data held in memory now, and the budget.
+    pub fn memory_use(&self) -> (usize, usize) {
+        (self.memory.used(), self.memory.limit())
+    }
+
+    /// Hands every dirty record of every open file to the engine, without waiting.
+    fn start_writeback(&self) {
+        for content in self.inodes.open_contents() {
+            if let Content::Container(c) = content {
+                if let Err(e) = c.writeback() {
+                    tracing::warn!("writeback: {e}");
+                }
+            }
+        }
+    }
+
     pub fn writeback_tick(&self) {
         for content in self.inodes.open_contents() {
             if let Content::Container(c) = content {

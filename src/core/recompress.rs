@@ -76,6 +76,7 @@ impl DenseFs {
                 Self::create_settings(&settings),
                 settings.record_policy(),
                 self.engine.clone(),
+                self.memory.clone(),
                 self.label(&node),
             )?);
             let mut at = 0;

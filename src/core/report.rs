@@ -115,6 +115,7 @@ impl DenseFs {
             min_savings: found.min_savings.unwrap_or(base.min_savings),
             checksum: found.checksum.unwrap_or(base.checksum),
             offload: found.offload.unwrap_or(base.offload),
+            cache_size: base.cache_size,
         };
         Ok(Effective { options, sources: sources.map(|s| s.unwrap_or(Source::Default)) })
     }
@@ -275,6 +276,8 @@ impl DenseFs {
     pub fn engine_report(&self) -> String {
         let mut value = self.engine.snapshot();
         value["offload"] = self.options.offload.to_string().into();
+        let (used, limit) = self.memory_use();
+        value["memory"] = serde_json::json!({"used": used, "limit": limit});
         value.to_string()
     }
 
