@@ -57,6 +57,8 @@ impl DenseFs {
         let name = given
             .into_iter()
             .chain(self.inodes.name_of(nodeid))
+            // One name in this directory: a hint like "../x" must never reach outside it.
+            .filter(|n| !n.as_encoded_bytes().contains(&b'/') && n != "." && n != ".." && !n.is_empty())
             .find(|n| {
                 let Ok(c) = cstr(n) else { return false };
                 let mut st: libc::stat = unsafe { std::mem::zeroed() };

@@ -1,0 +1,114 @@
+//! Security: permissions are enforced for other users (default_permissions, allow_other), the
+//! daemon never reaches outside the lower directory, and setuid files and devices follow
+//! nosuid/nodev. Runs as root and acts as `nobody` through runuser.
+
+mod common;
+
+use common::{Dirs, Mount};
+use std::fs;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::path::Path;
+use std::process::{Command, Output};
+
+fn as_nobody(args: &[&str]) -> Output {
+    Command::new("runuser").args(["-u", "nobody", "--"]).args(args).output().expect("runuser")
+}
+
+fn open_to_everyone(d: &Dirs) {
+    for p in [d.root.path(), &d.mnt, &d.lower] {
+        fs::set_permissions(p, fs::Permissions::from_mode(0o755)).unwrap();
+    }
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+#[test]
+fn other_users_get_exactly_the_access_the_modes_give() {
+    let d = Dirs::new();
+    open_to_everyone(&d);
+    // A file the lower directory already denies to others.
+    fs::write(d.lower.join("lower_secret"), b"lower secret").unwrap();
+    fs::set_permissions(d.lower.join("lower_secret"), fs::Permissions::from_mode(0o600)).unwrap();
+    let m = Mount::new(&d.lower, &d.mnt, "");
+    fs::write(m.path("public"), b"public").unwrap();
+    fs::set_permissions(m.path("public"), fs::Permissions::from_mode(0o644)).unwrap();
+    fs::OpenOptions::new().write(true).create(true).mode(0o600).open(m.path("secret")).unwrap();
+    fs::write(m.path("secret"), b"secret").unwrap();
+    fs::create_dir(m.path("private")).unwrap();
+    fs::set_permissions(m.path("private"), fs::Permissions::from_mode(0o700)).unwrap();
+    fs::write(m.path("private/inner"), b"inner").unwrap();
+    let out = as_nobody(&["cat", s(&m.path("public"))]);
+    assert!(out.status.success(), "nobody cannot read a 0644 file: {}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(out.stdout, b"public");
+    for denied in [m.path("secret"), m.path("lower_secret"), m.path("private/inner")] {
+        let out = as_nobody(&["cat", s(&denied)]);
+        assert!(!out.status.success() && out.stdout.is_empty(), "nobody read {}", denied.display());
+        assert!(String::from_utf8_lossy(&out.stderr).contains("Permission denied"), "{}", String::from_utf8_lossy(&out.stderr));
+    }
+    assert!(!as_nobody(&["ls", s(&m.path("private"))]).status.success());
+    assert!(!as_nobody(&["sh", "-c", &format!("echo x >> {}", s(&m.path("public")))]).status.success(), "nobody wrote a 0644 root file");
+    assert!(!as_nobody(&["touch", s(&m.path("new"))]).status.success(), "nobody created a file in a 0755 root directory");
+    assert!(!as_nobody(&["chmod", "666", s(&m.path("public"))]).status.success(), "nobody changed root's mode");
+    // densefs's own xattr interface obeys the same rules: no property changes by others.
+    assert!(!as_nobody(&["setfattr", "-n", "user.densefs.compression", "-v", "gzip-9", s(&m.mnt)]).status.success());
+    assert_eq!(fs::read(m.path("public")).unwrap(), b"public");
+    m.unmount();
+}
+
+#[test]
+fn the_daemon_never_follows_a_path_out_of_the_lower_directory() {
+    let d = Dirs::new();
+    let outside = d.root.path().join("outside");
+    fs::create_dir(&outside).unwrap();
+    fs::write(outside.join("f"), b"outside, must not change").unwrap();
+    fs::create_dir(d.lower.join("d")).unwrap();
+    let m = Mount::new(&d.lower, &d.mnt, "");
+    fs::write(m.path("d/f"), b"inside").unwrap();
+    let handle = fs::OpenOptions::new().read(true).write(true).open(m.path("d/f")).unwrap();
+    // Behind the daemon's back, the directory becomes a symlink to a directory outside.
+    fs::rename(d.lower.join("d"), d.lower.join("d_old")).unwrap();
+    std::os::unix::fs::symlink(&outside, d.lower.join("d")).unwrap();
+    // The open handle keeps writing the file it opened, never the one the new path leads to.
+    use std::os::unix::fs::FileExt;
+    handle.write_all_at(b"INSIDE", 0).unwrap();
+    handle.sync_all().unwrap();
+    drop(handle);
+    assert_eq!(fs::read(outside.join("f")).unwrap(), b"outside, must not change");
+    // recompress with a name hint pointing out of the directory does not touch it either.
+    let _ = Command::new("setfattr").args(["-n", "user.densefs.recompress", "-v", "name=../../outside/f,recordsize=4K"]).arg(m.path("d_old/f")).status();
+    assert_eq!(fs::read(outside.join("f")).unwrap(), b"outside, must not change");
+    // The symlink is served as a symlink (its target string), not followed by the daemon.
+    std::thread::sleep(std::time::Duration::from_millis(1200)); // past the kernel's entry TTL
+    assert_eq!(fs::read_link(m.path("d")).unwrap(), outside);
+    assert!(fs::symlink_metadata(m.path("d")).unwrap().file_type().is_symlink());
+    m.unmount();
+    assert_eq!(fs::read(outside.join("f")).unwrap(), b"outside, must not change");
+    let m = Mount::new(&d.lower, &d.mnt, "");
+    assert_eq!(fs::read(m.path("d_old/f")).unwrap(), b"INSIDE");
+    m.unmount();
+}
+
+#[test]
+fn setuid_files_and_devices_follow_nosuid_and_nodev() {
+    let d = Dirs::new();
+    open_to_everyone(&d);
+    let m = Mount::new(&d.lower, &d.mnt, "");
+    let info = fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let line = info.lines().find(|l| l.split(' ').nth(4) == Some(s(&m.mnt))).unwrap();
+    let flags = line.split(' ').nth(5).unwrap();
+    assert!(flags.contains("nosuid") && flags.contains("nodev"), "mount flags: {flags}");
+    // A setuid-root copy of id(1) does not make nobody root.
+    fs::copy("/usr/bin/id", m.path("id")).unwrap();
+    fs::set_permissions(m.path("id"), fs::Permissions::from_mode(0o4755)).unwrap();
+    let out = as_nobody(&[s(&m.path("id")), "-u"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_ne!(String::from_utf8_lossy(&out.stdout).trim(), "0", "setuid worked on a nosuid mount");
+    // A device node can be made (root) but not opened through a nodev mount.
+    let ok = Command::new("mknod").arg(m.path("zero")).args(["c", "1", "5"]).status().unwrap();
+    assert!(ok.success());
+    let err = fs::File::open(m.path("zero")).unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::EACCES), "opened a device on a nodev mount");
+    m.unmount();
+}
