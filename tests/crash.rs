@@ -1,5 +1,7 @@
-//! SIGKILL crash test: kill the daemon while it writes, remount, and check that every fsync'd
-//! record is intact and that no record reads as anything but one of its written versions.
+//! SIGKILL crash test: kill the daemon during a mixed workload (writes, overwrites, truncates,
+//! renames, fsyncs), remount, and check that every fsync'd record is intact, no record reads as
+//! anything but one of its written versions (or zeros where allowed), and nothing a completed
+//! truncate removed comes back.
 
 mod common;
 
@@ -42,12 +44,26 @@ struct Journal {
     synced: HashMap<(u32, u32), u32>,
     /// Every version handed to write() per (file, record).
     written: HashMap<(u32, u32), u32>,
+    /// Versions below this were removed by a completed truncate and must never come back.
+    floor: HashMap<(u32, u32), u32>,
+    /// A truncate (file, first record cut) whose answer the crash may have swallowed.
+    truncating: Option<(u32, u32)>,
+    /// Each file's current name, and a rename (file, other name) the crash may have swallowed.
+    names: HashMap<u32, String>,
+    renaming: Option<(u32, String)>,
+}
+
+fn other_name(file: u32, name: &str) -> String {
+    if name.ends_with(".moved") { format!("f{file}") } else { format!("f{file}.moved") }
 }
 
 fn writer(mnt: std::path::PathBuf, seed: u64, journal: Arc<Mutex<Journal>>, stop: Arc<AtomicBool>) {
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let files: Vec<File> = (0..FILES)
-        .map(|i| OpenOptions::new().read(true).write(true).create(true).truncate(false).open(mnt.join(format!("f{i}"))).unwrap())
+        .map(|i| {
+            let name = journal.lock().unwrap().names.get(&i).cloned().unwrap_or(format!("f{i}"));
+            OpenOptions::new().read(true).write(true).create(true).truncate(false).open(mnt.join(name)).unwrap()
+        })
         .collect();
     // Versions keep counting up across rounds, so an old copy is never mistaken for a new one.
     let mut next_version: HashMap<(u32, u32), u32> = journal.lock().unwrap().written.clone();
@@ -61,10 +77,41 @@ fn writer(mnt: std::path::PathBuf, seed: u64, journal: Arc<Mutex<Journal>>, stop
         if files[file as usize].write_all_at(&version_bytes(file, record, version), (record as usize * RECORD) as u64).is_err() {
             return; // the daemon is gone
         }
+        if rng.gen_ratio(1, 25) {
+            // Truncate to a record boundary: records from `cut` on are gone.
+            let cut = rng.gen_range(0..RECORDS);
+            journal.lock().unwrap().truncating = Some((file, cut));
+            if files[file as usize].set_len((cut as usize * RECORD) as u64).is_err() {
+                return;
+            }
+            let mut j = journal.lock().unwrap();
+            j.truncating = None;
+            for r in cut..RECORDS {
+                let next = j.written.get(&(file, r)).copied().unwrap_or(0) + 1;
+                j.floor.insert((file, r), next);
+                j.synced.remove(&(file, r));
+            }
+        }
+        if rng.gen_ratio(1, 30) {
+            let (from, to) = {
+                let mut j = journal.lock().unwrap();
+                let from = j.names.get(&file).cloned().unwrap_or(format!("f{file}"));
+                let to = other_name(file, &from);
+                j.renaming = Some((file, to.clone()));
+                (from, to)
+            };
+            if std::fs::rename(mnt.join(&from), mnt.join(&to)).is_err() {
+                return;
+            }
+            let mut j = journal.lock().unwrap();
+            j.renaming = None;
+            j.names.insert(file, to);
+        }
         if rng.gen_ratio(1, 12) {
             let before: Vec<((u32, u32), u32)> = {
                 let j = journal.lock().unwrap();
-                j.written.iter().filter(|((f, _), _)| *f == file).map(|(k, v)| (*k, *v)).collect()
+                // Records truncated away since their last write are zeros now, not that version.
+                j.written.iter().filter(|(k, v)| k.0 == file && **v >= j.floor.get(k).copied().unwrap_or(0)).map(|(k, v)| (*k, *v)).collect()
             };
             let ok = if rng.gen_bool(0.5) { files[file as usize].sync_all() } else { files[file as usize].sync_data() };
             if ok.is_err() {
@@ -81,15 +128,22 @@ fn writer(mnt: std::path::PathBuf, seed: u64, journal: Arc<Mutex<Journal>>, stop
 fn check_after_crash(m: &Mount, journal: &Journal, round: usize) -> usize {
     let mut verified = 0;
     for file in 0..FILES {
-        let path = m.path(&format!("f{file}"));
-        let Ok(f) = File::open(&path) else {
+        let name = journal.names.get(&file).cloned().unwrap_or(format!("f{file}"));
+        let mut opened = File::open(m.path(&name));
+        if opened.is_err() && journal.renaming.as_ref().is_some_and(|(f, _)| *f == file) {
+            opened = File::open(m.path(&other_name(file, &name)));
+        }
+        let Ok(f) = opened else {
             assert!(!journal.synced.keys().any(|(fi, _)| *fi == file), "round {round}: fsync'd file f{file} missing");
             continue;
         };
         let size = f.metadata().unwrap().len() as usize;
         for record in 0..RECORDS {
             let start = record as usize * RECORD;
-            let synced = journal.synced.get(&(file, record)).copied();
+            // A truncate the crash interrupted may or may not have happened: zeros are allowed.
+            let maybe_cut = journal.truncating.is_some_and(|(f, cut)| f == file && record >= cut);
+            let synced = journal.synced.get(&(file, record)).copied().filter(|_| !maybe_cut);
+            let floor = journal.floor.get(&(file, record)).copied().unwrap_or(0);
             if start >= size {
                 assert!(synced.is_none(), "round {round}: f{file} record {record} was fsync'd at v{synced:?} but the file is {size} bytes");
                 continue;
@@ -111,6 +165,7 @@ fn check_after_crash(m: &Mount, journal: &Journal, round: usize) -> usize {
             if let Some(s) = synced {
                 assert!(version >= s, "round {round}: f{file} record {record} went back to v{version} after fsync of v{s}");
             }
+            assert!(version >= floor, "round {round}: f{file} record {record} v{version} came back after a truncate removed it");
             verified += 1;
         }
     }
@@ -119,7 +174,7 @@ fn check_after_crash(m: &Mount, journal: &Journal, round: usize) -> usize {
 
 #[test]
 fn sigkill_during_writes_never_loses_fsynced_data_or_returns_garbage() {
-    let rounds: usize = std::env::var("DENSEFS_CRASH_ROUNDS").ok().and_then(|s| s.parse().ok()).unwrap_or(12);
+    let rounds: usize = std::env::var("DENSEFS_CRASH_ROUNDS").ok().and_then(|s| s.parse().ok()).unwrap_or(30);
     let seed: u64 = std::env::var("DENSEFS_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64
     });
