@@ -194,6 +194,8 @@ mod tests {
             level: 0,
             size: 1 << 60,
             sequence: 1,
+            durable_below: 0,
+            heal_from: 0,
         };
         let mut bytes = vec![0u8; 4096];
         bytes[64..128].copy_from_slice(&header.encode());

@@ -34,7 +34,7 @@ fn other_users_get_exactly_the_access_the_modes_give() {
     let m = Mount::new(&d.lower, &d.mnt, "");
     fs::write(m.path("public"), b"public").unwrap();
     fs::set_permissions(m.path("public"), fs::Permissions::from_mode(0o644)).unwrap();
-    fs::OpenOptions::new().write(true).create(true).mode(0o600).open(m.path("secret")).unwrap();
+    fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(m.path("secret")).unwrap();
     fs::write(m.path("secret"), b"secret").unwrap();
     fs::create_dir(m.path("private")).unwrap();
     fs::set_permissions(m.path("private"), fs::Permissions::from_mode(0o700)).unwrap();

@@ -34,6 +34,9 @@ const DIRTY_LIMIT: usize = 64 << 20;
 const INFLIGHT_LIMIT: usize = 64 << 20;
 /// Decoded records kept for small reads that hit the same record again.
 const CLEAN_CACHE_RECORDS: usize = 16;
+/// How far a new run's epochs start past the last durable header: a run's copies can carry
+/// epochs up to this many past it (syncs that failed after advancing the epoch are capped).
+const EPOCH_GAP: u64 = 1024;
 /// Groups of descriptors cached per file (2 KiB each): tables are re-read when evicted, so a
 /// huge file's metadata does not grow memory without bound.
 const TABLE_CACHE_GROUPS: usize = 256;
@@ -88,10 +91,32 @@ struct State {
     unsynced: HashSet<u64>,
     /// Records whose other slot still holds an older copy, freed after the next sync.
     stale: BTreeSet<u64>,
+    /// Slots a truncate cleared, punched after the next sync: punching them at once could reach
+    /// the disk before the cleared descriptor does, and a power cut would then leave a
+    /// descriptor pointing at a hole with an older copy behind it served in its place.
+    deferred_punch: BTreeSet<(u64, usize)>,
     /// A failed landing, reported by the next write, flush or fsync (its data stays dirty).
     write_error: Option<FsError>,
     /// The budget dirty, in-flight and clean bytes are charged to.
     memory: Arc<Memory>,
+    /// Sync epochs (docs/FORMAT.md, "Epochs"). Copies written now carry `epoch`. Durable are
+    /// the copies below `heal_from` (older runs, synced) and those of this run below
+    /// `durable_below`; copies in `heal_from..run_base` were written by runs that did not end
+    /// with a sync (a crash or power cut): possibly torn, and not durable. Each group's table
+    /// is healed when first loaded (torn copies cleared, intact ones re-stamped with `epoch`),
+    /// and the range is kept in the header until every group has been.
+    epoch: u64,
+    durable_below: u64,
+    run_base: u64,
+    heal_from: u64,
+    /// Groups healed in this run, and how many exist (for dropping the range once all are).
+    healed: HashSet<u64>,
+    groups_to_heal: u64,
+    /// Whether this run's epochs are recorded durably in the header: done before the run's
+    /// first descriptor write, so a later run never reuses them.
+    announced: bool,
+    /// Healed tables (in the cache) not written yet: a run that only reads writes nothing.
+    unpersisted: HashSet<u64>,
 }
 
 impl Drop for State {
@@ -109,7 +134,12 @@ enum Source {
 }
 
 impl State {
-    fn new(compression: Compression, policy: RecordPolicy, size: u64, header_seq: u64, memory: Arc<Memory>) -> State {
+    fn new(compression: Compression, policy: RecordPolicy, header: &Header, groups: u64, memory: Arc<Memory>) -> State {
+        let (size, header_seq) = (header.size, header.sequence);
+        // Copies from `heal_from` (an earlier unhealed range, or the last sync of the previous
+        // run) up to here are suspect; this run counts from past anything that run could use.
+        let heal_from = if header.heal_from != 0 { header.heal_from.min(header.durable_below) } else { header.durable_below };
+        let run_base = header.durable_below.max(header.heal_from) + EPOCH_GAP;
         State {
             compression,
             policy,
@@ -126,9 +156,32 @@ impl State {
             clean: VecDeque::new(),
             unsynced: HashSet::new(),
             stale: BTreeSet::new(),
+            deferred_punch: BTreeSet::new(),
             write_error: None,
             memory,
+            epoch: run_base,
+            durable_below: run_base,
+            run_base,
+            heal_from,
+            healed: HashSet::new(),
+            groups_to_heal: groups,
+            announced: false,
+            unpersisted: HashSet::new(),
         }
+    }
+
+    fn is_durable(&self, epoch: u64) -> bool {
+        epoch < self.heal_from || (self.run_base..self.durable_below).contains(&epoch)
+    }
+
+    fn is_suspect(&self, epoch: u64) -> bool {
+        (self.heal_from..self.run_base).contains(&epoch)
+    }
+
+    /// The range the header keeps: 0 once every group is healed.
+    fn persisted_heal_from(&self) -> u64 {
+        let done = self.healed.len() as u64 >= self.groups_to_heal && self.unpersisted.is_empty();
+        if done { 0 } else { self.heal_from }
     }
 
     fn forget_clean(&mut self, record: u64) {
@@ -179,10 +232,23 @@ impl State {
         if self.tables.len() >= TABLE_CACHE_GROUPS {
             if let Some(&victim) = self.tables.keys().find(|&&g| g != group) {
                 self.tables.remove(&victim);
+                if self.unpersisted.remove(&victim) {
+                    self.healed.remove(&victim); // its healed view is gone: heal again on reload
+                }
             }
         }
         self.tables.insert(group, table);
     }
+}
+
+/// Groups whose tables exist in the lower file (what healing has to visit).
+fn groups_in(lower: &File, layout: Layout) -> u64 {
+    let len = lower.metadata().map(|m| m.len()).unwrap_or(0);
+    let mut groups = 1;
+    while layout.group_to_table_off(groups) < len {
+        groups += 1;
+    }
+    groups
 }
 
 impl Container {
@@ -203,16 +269,23 @@ impl Container {
             level: settings.compression.level as i8,
             size: 0,
             sequence: 1,
+            // A new file: this run's epochs (from 2 * EPOCH_GAP) are already past what the header
+            // says, so it needs no announcement (and no sync) before its first write.
+            durable_below: EPOCH_GAP,
+            heal_from: 0,
         };
         let mut block = vec![0u8; HEADER_BLOCK as usize];
         let at = Header::copy_offset(1) as usize;
         block[at..at + crate::format::HEADER_COPY_SIZE].copy_from_slice(&header.encode());
         lower::pwrite_all(&lower, &block, 0)?;
-        Ok(Container::open(lower, header, policy, engine, memory, label))
+        let container = Container::open(lower, header, policy, engine, memory, label);
+        container.state.lock().announced = true;
+        Ok(container)
     }
 
     pub fn open(lower: File, header: Header, policy: RecordPolicy, engine: Arc<Engine>, memory: Arc<Memory>, label: String) -> Container {
         let compression = Compression { codec: header.codec, level: header.level as i32 };
+        let groups = groups_in(&lower, header.layout);
         let container = Container {
             lower,
             layout: header.layout,
@@ -221,7 +294,7 @@ impl Container {
             memory: memory.clone(),
             label,
             slot_io: RwLock::new(()),
-            state: Mutex::new(State::new(compression, policy, header.size, header.sequence, memory)),
+            state: Mutex::new(State::new(compression, policy, &header, groups, memory)),
             landed: Condvar::new(),
         };
         // Records past the size (a crash between landing them and writing the header) must not
@@ -263,7 +336,13 @@ impl Container {
         }
         let mut block = vec![0u8; TABLE_SIZE as usize];
         lower::pread_full(&self.lower, &mut block, self.layout.group_to_table_off(group))?;
-        let table = decode_table(&block, group, self.layout);
+        let mut table = decode_table(&block, group, self.layout);
+        if st.healed.insert(group) {
+            self.heal(st, group, &mut table)?;
+            if st.healed.len() as u64 >= st.groups_to_heal && st.heal_from != 0 {
+                st.header_stale = true;
+            }
+        }
         for (i, pair) in table.iter().enumerate() {
             for (slot, s) in pair.iter().enumerate() {
                 if *s == SlotState::Damaged {
@@ -276,7 +355,105 @@ impl Container {
         Ok(pair)
     }
 
+    /// Heals a group's table on first load: each copy a crashed run left (epoch in the suspect
+    /// range) is checked; torn ones are cleared, intact ones re-stamped with this run's epoch so
+    /// the next sync makes them durable. Never judged durable by mistake, so a write never
+    /// overwrites the copy that must survive.
+    fn heal(&self, st: &mut State, group: u64, table: &mut [Pair]) -> FsResult<()> {
+        let mut changed = false;
+        for (i, pair) in table.iter_mut().enumerate() {
+            let record = group * GROUP_RECORDS + i as u64;
+            let both = pair.iter().all(|s| matches!(s, SlotState::Valid(_)));
+            // Only where two copies compete does a torn one matter: check those.
+            let mut intact = [true; 2];
+            for slot in 0..2 {
+                if let SlotState::Valid(d) = pair[slot] {
+                    if both && st.is_suspect(d.epoch) && !d.is_hole() {
+                        let req = self.read_slot(record, slot, &d)?;
+                        intact[slot] = self.checksum.compute(&req.stored) == d.checksum;
+                    }
+                }
+            }
+            for slot in 0..2 {
+                let SlotState::Valid(d) = pair[slot] else { continue };
+                if !st.is_suspect(d.epoch) {
+                    continue;
+                }
+                pair[slot] = if intact[slot] {
+                    SlotState::Valid(Descriptor { epoch: st.epoch, ..d })
+                } else {
+                    warn!(file = %self.label, record, slot, "dropping a copy torn by a crash or power cut (never synced); the previous copy stays");
+                    SlotState::Empty
+                };
+                changed = true;
+            }
+        }
+        if changed {
+            if st.announced {
+                self.write_table(group, table)?;
+            } else {
+                st.unpersisted.insert(group); // written once this run writes at all
+            }
+        }
+        Ok(())
+    }
+
+    fn write_table(&self, group: u64, table: &[Pair]) -> FsResult<()> {
+        let mut block = Vec::with_capacity(TABLE_SIZE as usize);
+        for pair in table {
+            for s in pair {
+                block.extend_from_slice(&match s {
+                    SlotState::Valid(d) => d.encode(),
+                    _ => [0u8; DESCRIPTOR_SIZE],
+                });
+            }
+        }
+        lower::pwrite_all(&self.lower, &block, self.layout.group_to_table_off(group))?;
+        Ok(())
+    }
+
+    /// Heals every group not loaded yet (before a sync, so the range can go from the header).
+    fn heal_all(&self, st: &mut State) -> FsResult<()> {
+        if st.heal_from >= st.run_base || st.healed.len() as u64 >= st.groups_to_heal {
+            return Ok(());
+        }
+        for group in 0..st.groups_to_heal {
+            if !st.healed.contains(&group) {
+                self.pair(st, group * GROUP_RECORDS)?;
+            }
+        }
+        if !st.unpersisted.is_empty() {
+            match self.announce(st) {
+                // A read-only lower file: the healed view stays in memory (and the range in the header).
+                Err(e) if matches!(e.errno, libc::EBADF | libc::EROFS | libc::EACCES | libc::EPERM) => {}
+                other => other?,
+            }
+        }
+        Ok(())
+    }
+
+    /// Records this run's epochs in the header, durably, before its first descriptor write;
+    /// then writes the tables healed so far.
+    fn announce(&self, st: &mut State) -> FsResult<()> {
+        if st.announced {
+            return Ok(());
+        }
+        st.header_stale = true;
+        self.write_header(st)?;
+        lower::fdatasync(&self.lower)?;
+        st.announced = true;
+        for group in std::mem::take(&mut st.unpersisted) {
+            if let Some(table) = st.tables.get(&group) {
+                self.write_table(group, table)?;
+            }
+        }
+        Ok(())
+    }
+
     fn set_descriptor(&self, st: &mut State, record: u64, slot: usize, state: SlotState) -> FsResult<()> {
+        if matches!(state, SlotState::Valid(_)) {
+            self.announce(st)?;
+        }
         let bytes = match state {
             SlotState::Valid(d) => d.encode(),
             _ => [0u8; DESCRIPTOR_SIZE],
@@ -623,12 +800,15 @@ impl Container {
     fn write_record(&self, st: &mut State, record: u64, encoded: &Encoded) -> FsResult<()> {
         let pair = self.pair(st, record)?;
         let found = newest_first(&pair);
+        // Keep the last durable copy: if the current copy is not durable yet (written in this
+        // sync epoch — including before a crash or power cut, when it may even be torn) and the
+        // other slot holds an older one, overwrite the current copy in place.
         let target = match found.first() {
             None => 0,
-            Some(&(current, _)) => {
+            Some(&(current, d)) => {
                 let other = 1 - current;
                 let other_used = pair[other] != SlotState::Empty;
-                if other_used && st.unsynced.contains(&record) { current } else { other }
+                if other_used && !st.is_durable(d.epoch) { current } else { other }
             }
         };
         let generation = found.first().map_or(0, |(_, d)| d.generation) + 1;
@@ -657,6 +837,7 @@ impl Container {
             level: encoded.level,
             flags: if inline { FLAG_INLINE } else { 0 },
             checksum: encoded.checksum,
+            epoch: st.epoch,
         };
         self.set_descriptor(st, record, target, SlotState::Valid(descriptor))?;
         st.unsynced.insert(record);
@@ -720,6 +901,8 @@ impl Container {
             level: st.compression.level as i8,
             size: st.size,
             sequence,
+            durable_below: st.durable_below,
+            heal_from: st.persisted_heal_from(),
         };
         lower::pwrite_all(&self.lower, &header.encode(), Header::copy_offset(sequence))?;
         st.header_seq = sequence;
@@ -732,9 +915,20 @@ impl Container {
     /// copies of rewritten records are no longer needed and their space is freed.
     pub fn sync(self: &Arc<Self>, datasync: bool) -> FsResult<()> {
         self.flush()?;
-        let (was_stale, _was_unsynced) = {
+        {
+            let _io = self.slot_io.read();
             let mut st = self.state.lock();
-            (std::mem::take(&mut st.stale), std::mem::take(&mut st.unsynced))
+            self.heal_all(&mut st)?;
+        }
+        let (was_stale, _was_unsynced, closing) = {
+            let mut st = self.state.lock();
+            // Copies written from here on belong to the next epoch: this sync does not cover them.
+            let closing = st.epoch;
+            // Capped (syncs failing over and over): a later run must start past every epoch used.
+            if st.epoch + 1 < st.durable_below + EPOCH_GAP / 2 {
+                st.epoch += 1;
+            }
+            (std::mem::take(&mut st.stale), std::mem::take(&mut st.unsynced), closing)
         };
         let synced = if datasync { lower::fdatasync(&self.lower) } else { lower::fsync(&self.lower) };
         if let Err(e) = synced {
@@ -742,16 +936,35 @@ impl Container {
             st.stale.extend(was_stale);
             return Err(e.into());
         }
+        {
+            // Everything of the closing epoch is durable: record that in the header, and make
+            // the header durable too before returning. A run after a crash must know exactly
+            // which copies are durable: taking a durable copy for a possibly torn one (or the
+            // reverse) would make the next write overwrite the copy that must survive.
+            let mut st = self.state.lock();
+            st.durable_below = st.durable_below.max(closing + 1);
+            st.header_stale = true;
+            self.write_header(&mut st)?;
+        }
+        lower::fdatasync(&self.lower)?;
         self.reclaim(was_stale)
     }
 
-    /// Frees the non-current slot of each record (their current copy is durable).
+    /// Frees the non-current slot of each record (their current copy is durable), and the
+    /// slots truncates cleared (their cleared descriptors are durable now).
     fn reclaim(&self, records: BTreeSet<u64>) -> FsResult<()> {
+        let _io = self.slot_io.write();
+        let mut st = self.state.lock();
+        let rs = self.layout.record_size();
+        for (record, slot) in std::mem::take(&mut st.deferred_punch) {
+            // Skip a slot written again since (its descriptor is set again).
+            if self.pair(&mut st, record)?[slot] == SlotState::Empty {
+                lower::punch_hole(&self.lower, self.layout.record_to_slot_off(record, slot), rs)?;
+            }
+        }
         if records.is_empty() {
             return Ok(());
         }
-        let _io = self.slot_io.write();
-        let mut st = self.state.lock();
         let limit = self.layout.plain_size_to_records(st.size);
         for record in records {
             if st.unsynced.contains(&record) {
@@ -775,7 +988,8 @@ impl Container {
 
     /// Whether closing needs a sync to free old copies.
     pub fn has_stale(&self) -> bool {
-        !self.state.lock().stale.is_empty()
+        let st = self.state.lock();
+        !st.stale.is_empty() || !st.deferred_punch.is_empty()
     }
 
     /// Re-encodes every stored record with `compression` (ZFS's `zfs rewrite`). Each record takes
@@ -876,12 +1090,13 @@ impl Container {
             for (slot, s) in pair.iter().enumerate() {
                 if *s != SlotState::Empty {
                     self.set_descriptor(st, record, slot, SlotState::Empty)?;
-                    let rs = self.layout.record_size();
-                    lower::punch_hole(&self.lower, self.layout.record_to_slot_off(record, slot), rs)?;
+                    st.deferred_punch.insert((record, slot));
                 }
             }
         }
-        let keep_len = if first == 0 { HEADER_BLOCK } else { self.layout.records_to_lower_len(first) };
+        // Whole later groups go at once (their tables with them); the boundary group's slots stay
+        // until their cleared descriptors are durable (deferred punches), group 0's included.
+        let keep_len = self.layout.records_to_lower_len(first.max(1));
         if self.lower.metadata()?.len() > keep_len {
             self.lower.set_len(keep_len)?;
         }

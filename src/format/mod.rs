@@ -12,7 +12,9 @@
 //! 14  2  reserved, zero
 //! 16  8  logical file size (u64 LE)
 //! 24  8  sequence number (u64 LE; the copy with the higher one is current)
-//! 32 28  reserved, zero
+//! 32  8  durable_below: sync epoch below which copies are durable (u64 LE)
+//! 40  8  heal_from: start of the epochs a crash left unverified, 0 = none (u64 LE)
+//! 48 12  reserved, zero
 //! 60  4  crc32c of bytes 0..60 (u32 LE)
 //! ```
 //! Slot descriptor (DESCRIPTOR_SIZE = 32 bytes; all zero = empty slot):
@@ -23,9 +25,9 @@
 //! 12  1  codec id (0 = stored raw)
 //! 13  1  codec level (i8, informational)
 //! 14  1  flags: bit 0 = inline (record 0, slot 0 only: the bytes sit in block 0, see layout)
-//! 15  1  reserved, zero
+//! 15  1  epoch, bits 32..40
 //! 16  8  checksum of the stored bytes (crc32c zero-extended, or xxh3-64), u64 LE
-//! 24  4  reserved, zero
+//! 24  4  epoch, bits 0..32: the file's sync epoch when this copy was written
 //! 28  4  crc32c of bytes 0..28 (u32 LE)
 //! ```
 
@@ -96,6 +98,11 @@ pub struct Header {
     pub level: i8,
     pub size: u64,
     pub sequence: u64,
+    /// Sync epochs (docs/FORMAT.md, "Epochs"): copies with an epoch below `durable_below` were
+    /// made durable by a completed sync, unless they lie in the range a crash left unverified
+    /// (from `heal_from`, 0 = none, up to wherever the next run starts counting).
+    pub durable_below: u64,
+    pub heal_from: u64,
 }
 
 impl Header {
@@ -109,6 +116,8 @@ impl Header {
         b[13] = self.level as u8;
         b[16..24].copy_from_slice(&self.size.to_le_bytes());
         b[24..32].copy_from_slice(&self.sequence.to_le_bytes());
+        b[32..40].copy_from_slice(&self.durable_below.to_le_bytes());
+        b[40..48].copy_from_slice(&self.heal_from.to_le_bytes());
         let crc = crc32c::crc32c(&b[..60]);
         b[60..64].copy_from_slice(&crc.to_le_bytes());
         b
@@ -142,6 +151,8 @@ impl Header {
                 level: b[13] as i8,
                 size: le_u64(b, 16),
                 sequence: le_u64(b, 24),
+                durable_below: le_u64(b, 32),
+                heal_from: le_u64(b, 40),
             })
         })();
         Some(parsed)
@@ -181,6 +192,8 @@ pub struct Descriptor {
     pub level: i8,
     pub flags: u8,
     pub checksum: u64,
+    /// The container's sync epoch when this copy was written (40 bits; see [`Header`]).
+    pub epoch: u64,
 }
 
 /// Descriptor flag: the stored bytes are in block 0's inline area, not in the slot.
@@ -205,6 +218,8 @@ impl Descriptor {
         b[13] = self.level as u8;
         b[14] = self.flags;
         b[16..24].copy_from_slice(&self.checksum.to_le_bytes());
+        b[24..28].copy_from_slice(&(self.epoch as u32).to_le_bytes());
+        b[15] = (self.epoch >> 32) as u8;
         let crc = crc32c::crc32c(&b[..28]);
         b[28..32].copy_from_slice(&crc.to_le_bytes());
         b
@@ -226,6 +241,7 @@ impl Descriptor {
             level: b[13] as i8,
             flags: b[14],
             checksum: le_u64(b, 16),
+            epoch: le_u32(b, 24) as u64 | (b[15] as u64) << 32,
         };
         let sane = d.generation != 0
             && d.logical_len >= 1
@@ -297,6 +313,8 @@ mod tests {
             checksum: ChecksumKind::Crc32c,
             codec: Codec::Zstd,
             level: -3,
+            durable_below: 4,
+            heal_from: 2,
             size: 123_456_789,
             sequence: 7,
         }
@@ -344,7 +362,7 @@ mod tests {
 
     #[test]
     fn a_container_whose_headers_were_overwritten_is_not_taken_for_a_plain_file() {
-        let d = Descriptor { generation: 1, stored_len: 100, logical_len: 4096, codec_id: 1, level: 0, flags: 0, checksum: 7 };
+        let d = Descriptor { generation: 1, stored_len: 100, logical_len: 4096, codec_id: 1, level: 0, flags: 0, checksum: 7, epoch: 0 };
         let mut block = vec![0u8; 4096];
         block[2048 + 5 * 64..2048 + 5 * 64 + 32].copy_from_slice(&d.encode());
         assert_eq!(Header::decode(&block), Err(FormatError::HeaderLost));
@@ -357,7 +375,7 @@ mod tests {
 
     #[test]
     fn descriptors_round_trip_and_detect_damage() {
-        let d = Descriptor { generation: 3, stored_len: 1000, logical_len: 4096, codec_id: 2, level: 6, flags: 0, checksum: 0xdead_beef };
+        let d = Descriptor { generation: 3, stored_len: 1000, logical_len: 4096, codec_id: 2, level: 6, flags: 0, checksum: 0xdead_beef, epoch: (7 << 32) | 2 };
         let b = d.encode();
         assert_eq!(Descriptor::decode(&b, 4096), SlotState::Valid(d));
         assert_eq!(Descriptor::decode(&[0u8; 32], 4096), SlotState::Empty);
