@@ -289,16 +289,23 @@ impl LaneState {
         ] {
             let f = key.format(nv);
             let chunk = if key.codec == Codec::Zstd { ZSTD_MAX_CHUNK } else { MAX_CHUNK };
-            let mut t = 0usize;
-            let s = unsafe {
-                if key.compress {
-                    (f.compress_temp_size)(c.max_batch, chunk, key.opts(), &mut t, c.batch_bytes, std::ptr::null_mut())
-                } else {
-                    (f.decompress_temp_size)(c.max_batch, chunk, key.opts(), &mut t, c.batch_bytes, std::ptr::null_mut())
-                }
-            };
-            nv_check(s, "GetTempSize")?;
-            temp = temp.max(t);
+            // Temp space grows with chunks × largest chunk (Deflate: ~33× at 128 × 1 MiB, 4.5 GB),
+            // and a batch never holds more than batch_bytes of slots: size for the worst such mix.
+            let mut len = 4 << 10;
+            while len <= chunk {
+                let n = c.max_batch.min((c.batch_bytes / len).max(1));
+                let mut t = 0usize;
+                let s = unsafe {
+                    if key.compress {
+                        (f.compress_temp_size)(n, len, key.opts(), &mut t, c.batch_bytes, std::ptr::null_mut())
+                    } else {
+                        (f.decompress_temp_size)(n, len, key.opts(), &mut t, c.batch_bytes, std::ptr::null_mut())
+                    }
+                };
+                nv_check(s, "GetTempSize")?;
+                temp = temp.max(t);
+                len *= 2;
+            }
             if key.compress {
                 for len in [4 << 10, 64 << 10, 128 << 10, chunk] {
                     let mut m = 0usize;
