@@ -51,6 +51,8 @@ struct Journal {
     floor: HashMap<(u32, u32), u32>,
     /// The same, for truncates a later fsync made durable (what survives a power cut).
     durable_floor: HashMap<(u32, u32), u32>,
+    /// Power cuts: a truncate not made durable may have been undone by the cut.
+    power_cut: bool,
     /// A truncate (file, first record cut) whose answer the crash may have swallowed.
     truncating: Option<(u32, u32)>,
     /// Each file's current name, and a rename (file, other name) the crash may have swallowed.
@@ -74,7 +76,13 @@ fn writer(mnt: std::path::PathBuf, seed: u64, journal: Arc<Mutex<Journal>>, stop
     let mut next_version: HashMap<(u32, u32), u32> = journal.lock().unwrap().written.clone();
     // Writes acknowledged before the crash but never synced may be gone: an fsync in this run
     // vouches only for what this run wrote.
-    journal.lock().unwrap().acked.clear();
+    {
+        let mut j = journal.lock().unwrap();
+        j.acked.clear();
+        if j.power_cut {
+            j.floor = j.durable_floor.clone();
+        }
+    }
     while !stop.load(Ordering::Relaxed) {
         let file = rng.gen_range(0..FILES);
         let record = rng.gen_range(0..RECORDS);
@@ -287,7 +295,8 @@ fn powercut_shim(dir: &std::path::Path) -> std::path::PathBuf {
     out
 }
 
-/// Plays a power cut on the lower files from the shim's logs: every 4 KiB block written since
+/// Plays a power cut on the lower files from the shim's logs (`DENSEFS_POWERCUT_KEEP=1` keeps a
+/// copy of each cut's log under /tmp/powercut-last for diagnosis): every 4 KiB block written since
 /// its file's last successful sync independently keeps its new contents or goes back to what it
 /// held at that sync. Returns (blocks reverted, blocks kept).
 fn power_cut(lower: &std::path::Path, logs: &std::path::Path, rng: &mut rand::rngs::StdRng) -> (usize, usize) {
@@ -311,6 +320,12 @@ fn power_cut(lower: &std::path::Path, logs: &std::path::Path, rng: &mut rand::rn
             let off = u64_at(at);
             unsynced.entry(key).or_default().entry(off).or_insert_with(|| raw[at + 8..at + 8 + 4096].to_vec());
             at += 8 + 4096;
+        }
+        if std::env::var_os("DENSEFS_POWERCUT_KEEP").is_some() {
+            static ROUND: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+            let n = ROUND.fetch_add(1, Ordering::Relaxed);
+            let _ = std::fs::create_dir_all("/tmp/powercut-last");
+            let _ = std::fs::copy(entry.path(), format!("/tmp/powercut-last/undo.{n:03}"));
         }
         std::fs::remove_file(entry.path()).unwrap();
     }
@@ -360,7 +375,7 @@ fn a_power_cut_never_loses_fsynced_data_or_returns_garbage() {
     std::fs::create_dir(&logs).unwrap();
     let shim = powercut_shim(d.root.path());
     let env = [("LD_PRELOAD", shim.to_str().unwrap()), ("POWERCUT_LOG", logs.to_str().unwrap())];
-    let journal = Arc::new(Mutex::new(Journal::default()));
+    let journal = Arc::new(Mutex::new(Journal { power_cut: true, ..Journal::default() }));
     let (mut total, mut reverted, mut kept) = (0, 0, 0);
     for round in 0..=rounds {
         let options = ["recordsize=16K,compression=lz4", "recordsize=16K,compression=gzip-1", "compression=zstd-1"][round % 3];
