@@ -25,22 +25,8 @@ pub struct MountConfig {
     pub fuse_options: Vec<MountOption>,
     pub allow_other: bool,
     pub threads: usize,
-    /// Engine policy knobs: size window, pre-check, verification of accelerator output.
-    pub engine: EngineKnobs,
-}
-
-#[derive(Debug, Clone, PartialEq)]
-pub struct EngineKnobs {
-    pub offload_window: (usize, usize),
-    pub precheck: bool,
-    pub verify: bool,
-}
-
-impl Default for EngineKnobs {
-    fn default() -> EngineKnobs {
-        let d = EngineConfig::new(1);
-        EngineKnobs { offload_window: d.offload_window, precheck: d.precheck, verify: d.verify }
-    }
+    /// The engine's policy (options set the size window, pre-check and verification).
+    pub engine: EngineConfig,
 }
 
 fn on_off(key: &str, value: Option<&str>) -> Result<bool, String> {
@@ -74,7 +60,7 @@ pub fn parse_mount_options(list: &str) -> Result<MountConfig, String> {
     let mut fuse_options = Vec::new();
     let mut allow_other = unsafe { libc::geteuid() } == 0;
     let mut threads = std::thread::available_parallelism().map_or(4, |n| n.get()).clamp(4, 16);
-    let mut engine = EngineKnobs::default();
+    let mut engine = EngineConfig::new(std::thread::available_parallelism().map_or(2, |n| n.get()));
     for item in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
         let (key, value) = match item.split_once('=') {
             Some((k, v)) => (k, Some(v)),
@@ -151,10 +137,7 @@ fn lock_lower(lower: &Path, wait: bool) -> std::io::Result<File> {
 
 /// The compression engine the mount asked for, with the accelerators this machine has.
 fn build_engine(config: &MountConfig) -> Result<Engine, String> {
-    let mut engine_config = EngineConfig::new(std::thread::available_parallelism().map_or(2, |n| n.get()));
-    engine_config.offload_window = config.engine.offload_window;
-    engine_config.precheck = config.engine.precheck;
-    engine_config.verify = config.engine.verify;
+    let mut engine_config = config.engine.clone();
     let (devices, notes) = crate::engine::detect_devices(&mut engine_config)?;
     if let Offload::Only(name) = config.options.offload {
         if !devices.iter().any(|d| d.name() == name) {

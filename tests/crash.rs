@@ -144,8 +144,11 @@ fn writer(mnt: std::path::PathBuf, seed: u64, journal: Arc<Mutex<Journal>>, stop
     }
 }
 
-/// What the last power cut did, per lower file: (name, block offsets reverted, kept).
-static LAST_CUT: Mutex<Vec<(String, Vec<u64>, Vec<u64>)>> = Mutex::new(Vec::new());
+/// What a power cut did to one lower file: (name, block offsets reverted, kept).
+type CutReport = (String, Vec<u64>, Vec<u64>);
+
+/// The last power cut, for the failure message.
+static LAST_CUT: Mutex<Vec<CutReport>> = Mutex::new(Vec::new());
 
 /// Records written since their last fsync that a power cut left unreadable (EIO, not garbage).
 static TORN_UNSYNCED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
@@ -338,7 +341,7 @@ fn power_cut(lower: &std::path::Path, logs: &std::path::Path, rng: &mut rand::rn
     }
     let (mut reverted, mut kept) = (0, 0);
     let mut cut = LAST_CUT.lock().unwrap();
-    cut.push(("--- cut".into(), Vec::new(), Vec::new()));
+    cut.clear();
     for (key, blocks) in unsynced {
         let Some(path) = paths.get(&key) else { continue };
         let file = OpenOptions::new().write(true).open(path).unwrap();

@@ -21,7 +21,7 @@ use crate::checksum::ChecksumKind;
 use crate::codec::Compression;
 use crate::engine::{CompressRequest, DecompressRequest, Encoded, Engine, EngineError, Job, Output, RecordPolicy, Work};
 use crate::format::layout::{round_up_block, GROUP_RECORDS, HEADER_BLOCK, INLINE_CAPACITY, INLINE_OFF, TABLE_SIZE};
-use crate::format::{decode_table, newest_first, Descriptor, Header, Layout, Pair, SlotState, DESCRIPTOR_SIZE, FLAG_INLINE};
+use crate::format::{decode_table, newest_first, Descriptor, Header, Layout, Pair, SlotState, FLAG_INLINE};
 use parking_lot::{Condvar, Mutex, MutexGuard, RwLock, RwLockReadGuard};
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::fs::File;
@@ -87,8 +87,6 @@ struct State {
     inflight_bytes: usize,
     next_seq: u64,
     clean: VecDeque<(u64, Arc<Vec<u8>>)>,
-    /// Records whose current slot was written since the last sync.
-    unsynced: HashSet<u64>,
     /// Records whose other slot still holds an older copy, freed after the next sync.
     stale: BTreeSet<u64>,
     /// Slots a truncate cleared, punched after the next sync: punching them at once could reach
@@ -154,7 +152,6 @@ impl State {
             inflight_bytes: 0,
             next_seq: 1,
             clean: VecDeque::new(),
-            unsynced: HashSet::new(),
             stale: BTreeSet::new(),
             deferred_punch: BTreeSet::new(),
             write_error: None,
@@ -402,10 +399,7 @@ impl Container {
         let mut block = Vec::with_capacity(TABLE_SIZE as usize);
         for pair in table {
             for s in pair {
-                block.extend_from_slice(&match s {
-                    SlotState::Valid(d) => d.encode(),
-                    _ => [0u8; DESCRIPTOR_SIZE],
-                });
+                block.extend_from_slice(&s.encode());
             }
         }
         lower::pwrite_all(&self.lower, &block, self.layout.group_to_table_off(group))?;
@@ -454,10 +448,7 @@ impl Container {
         if matches!(state, SlotState::Valid(_)) {
             self.announce(st)?;
         }
-        let bytes = match state {
-            SlotState::Valid(d) => d.encode(),
-            _ => [0u8; DESCRIPTOR_SIZE],
-        };
+        let bytes = state.encode();
         lower::pwrite_all(&self.lower, &bytes, self.layout.record_to_descriptor_off(record, slot))?;
         let group = self.layout.record_to_group(record);
         if let Some(table) = st.tables.get_mut(&group) {
@@ -840,7 +831,6 @@ impl Container {
             epoch: st.epoch,
         };
         self.set_descriptor(st, record, target, SlotState::Valid(descriptor))?;
-        st.unsynced.insert(record);
         if pair[1 - target] != SlotState::Empty {
             st.stale.insert(record);
         }
@@ -920,7 +910,7 @@ impl Container {
             let mut st = self.state.lock();
             self.heal_all(&mut st)?;
         }
-        let (was_stale, _was_unsynced, closing) = {
+        let (was_stale, closing) = {
             let mut st = self.state.lock();
             // Copies written from here on belong to the next epoch: this sync does not cover them.
             let closing = st.epoch;
@@ -928,7 +918,7 @@ impl Container {
             if st.epoch + 1 < st.durable_below + EPOCH_GAP / 2 {
                 st.epoch += 1;
             }
-            (std::mem::take(&mut st.stale), std::mem::take(&mut st.unsynced), closing)
+            (std::mem::take(&mut st.stale), closing)
         };
         let synced = if datasync { lower::fdatasync(&self.lower) } else { lower::fsync(&self.lower) };
         if let Err(e) = synced {
@@ -967,15 +957,15 @@ impl Container {
         }
         let limit = self.layout.plain_size_to_records(st.size);
         for record in records {
-            if st.unsynced.contains(&record) {
-                st.stale.insert(record); // rewritten again since: its old copy is still needed
-                continue;
-            }
             if record >= limit {
                 continue;
             }
             let pair = self.pair(&mut st, record)?;
-            let Some(&(current, _)) = newest_first(&pair).first() else { continue };
+            let Some(&(current, d)) = newest_first(&pair).first() else { continue };
+            if !st.is_durable(d.epoch) {
+                st.stale.insert(record); // rewritten again since: its old copy is still needed
+                continue;
+            }
             let other = 1 - current;
             if pair[other] != SlotState::Empty {
                 self.set_descriptor(&mut st, record, other, SlotState::Empty)?;
@@ -1080,7 +1070,6 @@ impl Container {
             }
             *r < first
         });
-        st.unsynced.retain(|&r| r < first);
         st.stale = st.stale.range(..first).copied().collect();
         // Records sharing a table that stays (the boundary group's, and always group 0's, which
         // lives in block 0) are cleared one by one; later groups are cut off with their tables.

@@ -2,7 +2,7 @@
 //! backend and algorithm on one file, in-process (no FUSE), through the same engine and policies
 //! the file system uses, so GPU and CPU are compared on the same data.
 
-use super::device::{Device, DeviceJob, DeviceOp};
+use super::device::{run_all, Device, DeviceOp};
 use super::stats::process_cpu_seconds;
 use super::{policy, CompressRequest, DecompressRequest, Encoded, Engine, EngineConfig, Job, MinSavings, Offload, Output, Work};
 use crate::checksum::ChecksumKind;
@@ -147,9 +147,9 @@ fn request(e: &Encoded) -> DecompressRequest {
 /// input); raw records, holes and what the device does not support decoded on the CPU; the rest
 /// shipped, re-offered while the device is full.
 fn decompress_on_device(device: &dyn Device, encoded: &[Encoded]) -> Result<Vec<Vec<u8>>, String> {
-    let (tx, rx) = crossbeam_channel::unbounded();
     let mut out: Vec<Option<Vec<u8>>> = vec![None; encoded.len()];
-    let mut jobs = Vec::new();
+    let mut shipped = Vec::new();
+    let mut ops = Vec::new();
     for (i, e) in encoded.iter().enumerate() {
         let op = DeviceOp::Decompress { codec: e.codec, logical_len: e.logical_len as usize };
         if e.codec == Codec::Off || !device.supports(&op, e.bytes.len()) {
@@ -159,26 +159,10 @@ fn decompress_on_device(device: &dyn Device, encoded: &[Encoded]) -> Result<Vec<
         if ChecksumKind::Crc32c.compute(&e.bytes) != e.checksum {
             return Err(format!("record {i}: checksum mismatch"));
         }
-        let tx = tx.clone();
-        jobs.push(DeviceJob {
-            tag: i as u64,
-            op,
-            input: Arc::new(e.bytes.clone()),
-            done: Box::new(move |r| {
-                let _ = tx.send((i, r));
-            }),
-        });
+        shipped.push(i);
+        ops.push((op, Arc::new(e.bytes.clone())));
     }
-    let expected = jobs.len();
-    while !jobs.is_empty() {
-        let before = jobs.len();
-        jobs = device.submit(jobs);
-        if jobs.len() == before {
-            std::thread::sleep(Duration::from_micros(100));
-        }
-    }
-    for _ in 0..expected {
-        let (i, r) = rx.recv_timeout(Duration::from_secs(60)).map_err(|_| "the device stopped answering".to_string())?;
+    for (i, r) in shipped.into_iter().zip(run_all(device, ops, Duration::from_secs(60))) {
         out[i] = Some(r.map_err(|e| format!("record {i}: {e}"))?);
     }
     Ok(out.into_iter().map(|o| o.expect("BUG: every record decoded")).collect())

@@ -6,6 +6,7 @@
 
 use crate::codec::{Codec, Compression};
 use std::sync::Arc;
+use std::time::Duration;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DeviceOp {
@@ -50,4 +51,36 @@ pub trait Device: Send + Sync {
     fn submit(&self, jobs: Vec<DeviceJob>) -> Vec<DeviceJob>;
     /// Brings the device back after a failure: forget queued work, re-create what it needs.
     fn reset(&self) -> Result<(), DeviceError>;
+}
+
+/// Runs `ops` on `device` and waits for every answer (in order), offering again what it hands
+/// back while full; an op unanswered within `timeout` of the last answer gets an error. For the
+/// GPU's self-test, tests and `densefs bench engine`: the file system never waits like this.
+pub fn run_all(device: &dyn Device, ops: Vec<(DeviceOp, Arc<Vec<u8>>)>, timeout: Duration) -> Vec<Result<Vec<u8>, DeviceError>> {
+    let (tx, rx) = crossbeam_channel::unbounded();
+    let mut jobs: Vec<DeviceJob> = ops
+        .into_iter()
+        .enumerate()
+        .map(|(i, (op, input))| {
+            let tx = tx.clone();
+            DeviceJob { tag: i as u64, op, input, done: Box::new(move |r| drop(tx.send((i, r)))) }
+        })
+        .collect();
+    let n = jobs.len();
+    while !jobs.is_empty() {
+        let before = jobs.len();
+        jobs = device.submit(jobs);
+        if jobs.len() == before {
+            std::thread::sleep(Duration::from_micros(100));
+        }
+    }
+    let mut out: Vec<Result<Vec<u8>, DeviceError>> =
+        (0..n).map(|_| Err(DeviceError(format!("no answer in {} s", timeout.as_secs())))).collect();
+    for _ in 0..n {
+        match rx.recv_timeout(timeout) {
+            Ok((i, r)) => out[i] = r,
+            Err(_) => break,
+        }
+    }
+    out
 }

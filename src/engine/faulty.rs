@@ -78,6 +78,14 @@ impl FaultSpec {
         }
         Ok(spec)
     }
+
+    /// Applies the engine settings the spec asks for (shorter timeout and back-off in tests).
+    pub fn tune(&self, config: &mut super::EngineConfig) {
+        config.timeout = self.timeout.unwrap_or(config.timeout);
+        if let Some(b) = self.backoff {
+            config.backoff = (b, b * 8);
+        }
+    }
 }
 
 struct Shared {

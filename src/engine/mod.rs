@@ -8,7 +8,8 @@
 //! - [`cpu`]: the worker pool; [`device`]: the interface an accelerator implements;
 //! - [`offload`]: routing to accelerators (size window, saturation, failures, verification,
 //!   recovery); [`stats`]: counters for `densefs get` / `densefs iostat`;
-//! - [`faulty`]: a fault-injecting accelerator for tests; [`bench`]: `densefs bench engine`.
+//! - [`gpu`]: NVIDIA GPUs through nvCOMP; [`faulty`]: a fault-injecting accelerator for tests;
+//!   [`bench`]: `densefs bench engine`.
 //!
 //! Decompression runs on the CPU: format v1 checksums the stored bytes, so what a device decodes
 //! could not be verified, and CPU decoders run at 1-5 GB/s per core.
@@ -81,7 +82,7 @@ impl std::fmt::Display for Offload {
 }
 
 /// The engine's policy knobs; the defaults are the seeds' (QZFS) where they name one.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct EngineConfig {
     pub cpu_threads: usize,
     /// Only records with `min <= len <= max` go to an accelerator (QZFS: 4 KiB..1 MiB): tiny ones
@@ -114,8 +115,9 @@ impl EngineConfig {
 /// Accelerators found, and notes on those looked for and not found.
 pub type Detected = (Vec<Arc<dyn Device>>, Vec<String>);
 
-/// The accelerators this process can use: the test double when `DENSEFS_TEST_ACCELERATOR`
-/// holds a spec (its engine settings applied to `config`). Also returns notes on what was
+/// The accelerators this process can use: the GPU when its driver, nvCOMP and self-test are
+/// there, and the test double when `DENSEFS_TEST_ACCELERATOR` holds a spec (its engine
+/// settings applied to `config`). Also returns notes on what was
 /// looked for and not found, for the log and for `offload=` errors.
 pub fn detect_devices(config: &mut EngineConfig) -> Result<Detected, String> {
     let mut devices: Vec<Arc<dyn Device>> = Vec::new();
@@ -123,10 +125,7 @@ pub fn detect_devices(config: &mut EngineConfig) -> Result<Detected, String> {
     match std::env::var(faulty::ENV) {
         Ok(text) => {
             let spec = faulty::FaultSpec::parse(&text).map_err(|e| format!("{}: {e}", faulty::ENV))?;
-            config.timeout = spec.timeout.unwrap_or(config.timeout);
-            if let Some(b) = spec.backoff {
-                config.backoff = (b, b * 8);
-            }
+            spec.tune(config);
             devices.push(Arc::new(faulty::FaultyDevice::new(spec)));
         }
         Err(_) => notes.push("no test accelerator".to_string()),

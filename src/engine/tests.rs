@@ -7,7 +7,7 @@ use super::*;
 use std::sync::atomic::AtomicUsize;
 use std::sync::Mutex;
 
-fn fastq_like(records: usize, record_size: usize, seed: u64) -> Vec<Arc<Vec<u8>>> {
+pub(super) fn fastq_like(records: usize, record_size: usize, seed: u64) -> Vec<Arc<Vec<u8>>> {
     let mut x = seed.max(1);
     let mut next = move || {
         x ^= x << 13;
@@ -38,7 +38,7 @@ fn fastq_like(records: usize, record_size: usize, seed: u64) -> Vec<Arc<Vec<u8>>
         .collect()
 }
 
-fn random(len: usize, seed: u64) -> Vec<u8> {
+pub(super) fn random(len: usize, seed: u64) -> Vec<u8> {
     let mut x = seed.max(1);
     (0..len)
         .map(|_| {
@@ -112,8 +112,7 @@ fn compress_and_check(engine: &Engine, records: &[Arc<Vec<u8>>], compression: &s
 fn engine_with(spec: &str, tweak: impl FnOnce(&mut EngineConfig)) -> Engine {
     let spec = FaultSpec::parse(spec).unwrap();
     let mut config = EngineConfig::new(2);
-    config.timeout = spec.timeout.unwrap_or(config.timeout);
-    config.backoff = spec.backoff.map_or(config.backoff, |b| (b, b * 4));
+    spec.tune(&mut config);
     tweak(&mut config);
     Engine::with_devices(config, vec![Arc::new(FaultyDevice::new(spec))])
 }

@@ -208,6 +208,16 @@ pub enum SlotState {
     Damaged,
 }
 
+impl SlotState {
+    /// The bytes written for this state: a damaged slot is rewritten as empty.
+    pub fn encode(&self) -> [u8; DESCRIPTOR_SIZE] {
+        match self {
+            SlotState::Valid(d) => d.encode(),
+            _ => [0u8; DESCRIPTOR_SIZE],
+        }
+    }
+}
+
 impl Descriptor {
     pub fn encode(&self) -> [u8; DESCRIPTOR_SIZE] {
         let mut b = [0u8; DESCRIPTOR_SIZE];

@@ -152,31 +152,8 @@ impl GpuDevice {
 
     /// Runs jobs and waits for their answers (the self-test and tests).
     pub fn run_blocking(&self, ops: Vec<(DeviceOp, Vec<u8>)>) -> Vec<Result<Vec<u8>, DeviceError>> {
-        let (tx, rx) = crossbeam_channel::unbounded();
-        let mut jobs: Vec<DeviceJob> = ops
-            .into_iter()
-            .enumerate()
-            .map(|(i, (op, input))| {
-                let tx = tx.clone();
-                DeviceJob { tag: i as u64, op, input: Arc::new(input), done: Box::new(move |r| drop(tx.send((i, r)))) }
-            })
-            .collect();
-        let n = jobs.len();
-        while !jobs.is_empty() {
-            let before = jobs.len();
-            jobs = self.submit(jobs);
-            if jobs.len() == before {
-                std::thread::sleep(Duration::from_micros(200));
-            }
-        }
-        let mut out: Vec<Result<Vec<u8>, DeviceError>> = (0..n).map(|_| Err(DeviceError("no answer in 30 s".into()))).collect();
-        for _ in 0..n {
-            match rx.recv_timeout(Duration::from_secs(30)) {
-                Ok((i, r)) => out[i] = r,
-                Err(_) => break,
-            }
-        }
-        out
+        let ops = ops.into_iter().map(|(op, input)| (op, Arc::new(input))).collect();
+        super::device::run_all(self, ops, Duration::from_secs(30))
     }
 
     fn self_test(&self) -> Result<(), String> {

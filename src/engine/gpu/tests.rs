@@ -4,6 +4,7 @@
 
 use super::*;
 use crate::checksum::ChecksumKind;
+use crate::engine::tests::{fastq_like, random};
 use crate::engine::{CompressRequest, Engine, EngineConfig, Job, MinSavings, Offload, Output, Work};
 
 fn gpu() -> Option<GpuDevice> {
@@ -28,41 +29,11 @@ fn corpus(len: usize) -> Vec<u8> {
     if let Some(data) = std::env::var_os("DENSEFS_GPU_CORPUS").and_then(|p| std::fs::read(p).ok()) {
         return data.into_iter().cycle().take(len).collect();
     }
-    let mut x = 88172645463325252u64;
-    let mut out = Vec::with_capacity(len);
-    let mut n = 0;
-    while out.len() < len {
-        n += 1;
-        out.extend_from_slice(format!("@SRR{n}.1 length=76\n").as_bytes());
-        for _ in 0..76 {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            out.push(b"ACGT"[(x % 4) as usize]);
-        }
-        out.extend_from_slice(b"\n+\n");
-        for _ in 0..76 {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            out.push(b"?@ABCDEFGHI"[(x % 11) as usize]);
-        }
-        out.push(b'\n');
-    }
-    out.truncate(len);
-    out
+    Arc::unwrap_or_clone(fastq_like(1, len, 5).remove(0))
 }
 
 fn noise(len: usize) -> Vec<u8> {
-    let mut x = 0x9e3779b97f4a7c15u64;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x >> 32) as u8
-        })
-        .collect()
+    random(len, 0x9e37_79b9)
 }
 
 const SETTINGS: [&str; 5] = ["lz4", "gzip-1", "gzip-6", "gzip-9", "zstd-3"];
