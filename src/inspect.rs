@@ -6,7 +6,7 @@ use crate::checksum::ChecksumKind;
 use crate::codec::{Codec, Compression};
 use crate::engine::policy::decode_record;
 use crate::engine::DecompressRequest;
-use crate::format::layout::{INLINE_OFF, TABLE_SIZE};
+use crate::format::layout::{GROUP_RECORDS, INLINE_OFF, TABLE_SIZE};
 use crate::format::{decode_table, newest_first, Descriptor, FormatError, Header, Layout, SlotState};
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -94,13 +94,26 @@ pub fn inspect(file: &File, verify: bool) -> io::Result<FileStats> {
     let records = layout.plain_size_to_records(header.size);
     let mut table = Box::default();
     let mut table_group = u64::MAX;
-    for record in 0..records {
+    let mut next = 0;
+    while next < records {
+        let record = next;
+        next += 1;
         let group = layout.record_to_group(record);
-        if group != table_group && layout.group_to_table_off(group) >= meta.len() {
-            // Nothing was ever stored this far: the rest are holes (a sparse file, or a damaged
-            // header claiming a huge size), counted without walking them.
-            *stats.records.entry("hole".into()).or_default() += records - record;
-            break;
+        if group != table_group {
+            // Groups with nothing on the lower file (never written: a sparse file, or a damaged
+            // header claiming a huge size) are holes, counted without walking them.
+            let region = if group == 0 { 0 } else { layout.group_to_table_off(group) };
+            let stored = crate::core::lower::seek_data(file, region)?.map(|off| layout.lower_off_to_group(off).max(group));
+            let skip_to = match stored {
+                Some(g) if g == group => record,
+                Some(g) => (g * GROUP_RECORDS).min(records),
+                None => records,
+            };
+            if skip_to > record {
+                *stats.records.entry("hole".into()).or_default() += skip_to - record;
+                next = skip_to;
+                continue;
+            }
         }
         if group != table_group {
             let mut raw = vec![0u8; TABLE_SIZE as usize];

@@ -97,7 +97,10 @@ pub fn parse_mount_options(list: &str) -> Result<MountConfig, String> {
             }
             "allow_other" => allow_other = true,
             "allow_root" => allow_other = true,
-            "ro" => fuse_options.push(MountOption::RO),
+            "ro" => {
+                fuse_options.push(MountOption::RO);
+                options.noatime = true;
+            }
             "rw" => fuse_options.push(MountOption::RW),
             "suid" => fuse_options.push(MountOption::Suid),
             "nosuid" => fuse_options.push(MountOption::NoSuid),
@@ -106,7 +109,10 @@ pub fn parse_mount_options(list: &str) -> Result<MountConfig, String> {
             "exec" => fuse_options.push(MountOption::Exec),
             "noexec" => fuse_options.push(MountOption::NoExec),
             "atime" => fuse_options.push(MountOption::Atime),
-            "noatime" => fuse_options.push(MountOption::NoAtime),
+            "noatime" => {
+                fuse_options.push(MountOption::NoAtime);
+                options.noatime = true;
+            }
             "sync" => fuse_options.push(MountOption::Sync),
             "async" => fuse_options.push(MountOption::Async),
             "dirsync" => fuse_options.push(MountOption::DirSync),
@@ -320,6 +326,8 @@ fn serve(
         })
         .map_err(|e| e.to_string())?;
     let target = mountpoint.to_path_buf();
+    let session_ended = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (ended, signalled_fs, lower_dir) = (session_ended.clone(), fs.clone(), lower.to_path_buf());
     std::thread::Builder::new()
         .name("densefs-signals".into())
         .spawn(move || {
@@ -329,6 +337,7 @@ fn serve(
             if let Err(e) = detach(&target) {
                 tracing::error!("unmount failed: {e}");
             }
+            end_after_signal(&ended, &signalled_fs, &lower_dir);
         })
         .map_err(|e| e.to_string())?;
     tracing::info!(
@@ -344,11 +353,44 @@ fn serve(
         quiet_stdio();
     }
     let result = session.run();
+    session_ended.store(true, std::sync::atomic::Ordering::SeqCst);
     fs.flush_all();
     let root = File::open(lower).map_err(|e| e.to_string())?;
     unsafe { libc::syncfs(root.as_raw_fd()) };
     tracing::info!("unmounted {}", mountpoint.display());
     result.map_err(|e| e.to_string())
+}
+
+/// How long a detached mount may stay busy (files open) after a termination signal before the
+/// daemon writes everything back and exits anyway, and how long that write-back may take.
+const SIGNAL_GRACE: std::time::Duration = std::time::Duration::from_secs(3);
+const SIGNAL_WRITEBACK_LIMIT: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// After SIGTERM/SIGINT/SIGHUP and the lazy unmount: the session normally ends once nothing uses
+/// the mount. Files still open keep it alive, so after a grace period the daemon lands what it
+/// holds in memory and exits (their holders then get ENOTCONN); a write-back that cannot finish
+/// (a stuck lower disk) is abandoned after a bounded wait.
+fn end_after_signal(session_ended: &std::sync::atomic::AtomicBool, fs: &Arc<DenseFs>, lower: &Path) {
+    let start = std::time::Instant::now();
+    while start.elapsed() < SIGNAL_GRACE {
+        if session_ended.load(std::sync::atomic::Ordering::SeqCst) {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    tracing::warn!("files are still open on the detached mount: writing everything back and exiting");
+    let (fs, lower) = (fs.clone(), lower.to_path_buf());
+    let _ = std::thread::Builder::new().name("densefs-final-writeback".into()).spawn(move || {
+        fs.flush_all();
+        if let Ok(root) = File::open(&lower) {
+            unsafe { libc::syncfs(root.as_raw_fd()) };
+        }
+        tracing::info!("written back; exiting");
+        std::process::exit(0);
+    });
+    std::thread::sleep(SIGNAL_WRITEBACK_LIMIT);
+    tracing::error!("write-back did not finish within {SIGNAL_WRITEBACK_LIMIT:?}; exiting without it");
+    std::process::exit(1);
 }
 
 /// The daemon holds one O_PATH descriptor per inode the kernel remembers: allow as many as the

@@ -67,6 +67,9 @@ pub struct Container {
 struct InFlight {
     seq: u64,
     data: Arc<Vec<u8>>,
+    /// Re-encoded by recompress (same bytes): land only if it takes less space than the copy
+    /// stored now.
+    only_if_smaller: bool,
 }
 
 struct State {
@@ -89,6 +92,8 @@ struct State {
     clean: VecDeque<(u64, Arc<Vec<u8>>)>,
     /// Records whose other slot still holds an older copy, freed after the next sync.
     stale: BTreeSet<u64>,
+    /// Dirty records recompress loaded to re-encode, not changed by a user since.
+    rewriting: HashSet<u64>,
     /// Slots a truncate cleared, punched after the next sync: punching them at once could reach
     /// the disk before the cleared descriptor does, and a power cut would then leave a
     /// descriptor pointing at a hole with an older copy behind it served in its place.
@@ -115,6 +120,27 @@ struct State {
     announced: bool,
     /// Healed tables (in the cache) not written yet: a run that only reads writes nothing.
     unpersisted: HashSet<u64>,
+    /// Every group with a table has been loaded (and healed) in this run.
+    heal_complete: bool,
+    /// Records past the header's size found at open (a crash between landing them and writing
+    /// the header): dropped on the lower when the file is first opened for writing, so a run
+    /// that only reads changes nothing.
+    pending_discard: Option<u64>,
+    /// This run has written to the lower file: a run that only reads has nothing to sync.
+    wrote: bool,
+    /// Sizes up to this are known to fit the lower file system (see `check_lower_can_hold`).
+    checked_size: u64,
+    /// A header is on the lower file. A new file gets one with its first data, so an empty file
+    /// stays an empty lower file.
+    header_on_disk: bool,
+    /// The modification time users see. Writes the user did not make (landing after close,
+    /// healing, punching old copies, recompress) move the lower's mtime; it is put back to this
+    /// once the daemon's writes are done.
+    mtime: libc::timespec,
+    /// The last status change a user operation made, if the lower may not show it yet.
+    ctime: Option<libc::timespec>,
+    /// The lower's mtime may differ from `mtime`.
+    mtime_to_restore: bool,
 }
 
 impl Drop for State {
@@ -132,7 +158,7 @@ enum Source {
 }
 
 impl State {
-    fn new(compression: Compression, policy: RecordPolicy, header: &Header, groups: u64, memory: Arc<Memory>) -> State {
+    fn new(compression: Compression, policy: RecordPolicy, header: &Header, groups: u64, mtime: libc::timespec, memory: Arc<Memory>) -> State {
         let (size, header_seq) = (header.size, header.sequence);
         // Copies from `heal_from` (an earlier unhealed range, or the last sync of the previous
         // run) up to here are suspect; this run counts from past anything that run could use.
@@ -153,6 +179,7 @@ impl State {
             next_seq: 1,
             clean: VecDeque::new(),
             stale: BTreeSet::new(),
+            rewriting: HashSet::new(),
             deferred_punch: BTreeSet::new(),
             write_error: None,
             memory,
@@ -164,7 +191,34 @@ impl State {
             groups_to_heal: groups,
             announced: false,
             unpersisted: HashSet::new(),
+            heal_complete: false,
+            pending_discard: None,
+            wrote: false,
+            checked_size: 0,
+            header_on_disk: true,
+            mtime,
+            ctime: None,
+            mtime_to_restore: false,
         }
+    }
+
+    fn all_healed(&self) -> bool {
+        self.heal_complete || self.healed.len() as u64 >= self.groups_to_heal
+    }
+
+    /// Every write the daemon makes to the lower file: the run has written, and the lower's
+    /// mtime must be put back afterwards.
+    fn touch(&mut self) {
+        self.wrote = true;
+        self.mtime_to_restore = true;
+    }
+
+    /// A user operation changed the file now: mtime and ctime move, as ext4 sets them.
+    fn user_changed(&mut self) {
+        let now = lower::now();
+        self.mtime = now;
+        self.ctime = Some(now);
+        self.mtime_to_restore = true;
     }
 
     fn is_durable(&self, epoch: u64) -> bool {
@@ -177,7 +231,7 @@ impl State {
 
     /// The range the header keeps: 0 once every group is healed.
     fn persisted_heal_from(&self) -> u64 {
-        let done = self.healed.len() as u64 >= self.groups_to_heal && self.unpersisted.is_empty();
+        let done = self.all_healed() && self.unpersisted.is_empty();
         if done { 0 } else { self.heal_from }
     }
 
@@ -238,14 +292,9 @@ impl State {
     }
 }
 
-/// Groups whose tables exist in the lower file (what healing has to visit).
-fn groups_in(lower: &File, layout: Layout) -> u64 {
-    let len = lower.metadata().map(|m| m.len()).unwrap_or(0);
-    let mut groups = 1;
-    while layout.group_to_table_off(groups) < len {
-        groups += 1;
-    }
-    groups
+/// Groups whose regions the lower file reaches (what healing may have to visit).
+fn groups_in(lower_len: u64, layout: Layout) -> u64 {
+    if lower_len == 0 { 1 } else { layout.lower_off_to_group(lower_len - 1) + 1 }
 }
 
 impl Container {
@@ -256,34 +305,52 @@ impl Container {
         crate::format::Header::decode(&block[..n])
     }
 
-    /// Turns an empty (or to-be-emptied) lower file into an empty container.
+    /// Turns an empty lower file into an empty container. Nothing is written until the file
+    /// gets data or a size: an empty file stays an empty lower file.
     pub fn create(lower: File, settings: CreateSettings, policy: RecordPolicy, engine: Arc<Engine>, memory: Arc<Memory>, label: String) -> FsResult<Container> {
-        lower.set_len(0)?;
+        let meta = lower.metadata()?;
+        if meta.len() != 0 {
+            lower.set_len(0)?;
+        }
         let header = Header {
             layout: settings.layout,
             checksum: settings.checksum,
             codec: settings.compression.codec,
             level: settings.compression.level as i8,
             size: 0,
-            sequence: 1,
+            sequence: 0,
             // A new file: this run's epochs (from 2 * EPOCH_GAP) are already past what the header
             // says, so it needs no announcement (and no sync) before its first write.
             durable_below: EPOCH_GAP,
             heal_from: 0,
         };
-        let mut block = vec![0u8; HEADER_BLOCK as usize];
-        let at = Header::copy_offset(1) as usize;
-        block[at..at + crate::format::HEADER_COPY_SIZE].copy_from_slice(&header.encode());
-        lower::pwrite_all(&lower, &block, 0)?;
-        let container = Container::open(lower, header, policy, engine, memory, label);
-        container.state.lock().announced = true;
+        let container = Container::assemble(lower, header, &meta, policy, engine, memory, label);
+        {
+            let mut st = container.state.lock();
+            st.announced = true;
+            st.header_on_disk = false;
+        }
         Ok(container)
     }
 
-    pub fn open(lower: File, header: Header, policy: RecordPolicy, engine: Arc<Engine>, memory: Arc<Memory>, label: String) -> Container {
+    /// A container found on the lower file. `writable`: opened for writing, so what a crash
+    /// left past the end of file is dropped now; a reader leaves that to the first writer.
+    pub fn open(lower: File, header: Header, policy: RecordPolicy, engine: Arc<Engine>, memory: Arc<Memory>, label: String, writable: bool) -> FsResult<Container> {
+        let meta = lower.metadata()?;
+        let container = Container::assemble(lower, header, &meta, policy, engine, memory, label);
+        container.state.lock().pending_discard = Some(container.layout.plain_size_to_records(header.size));
+        if writable {
+            container.discard_pending()?;
+        }
+        Ok(container)
+    }
+
+    fn assemble(lower: File, header: Header, meta: &std::fs::Metadata, policy: RecordPolicy, engine: Arc<Engine>, memory: Arc<Memory>, label: String) -> Container {
+        use std::os::unix::fs::MetadataExt;
         let compression = Compression { codec: header.codec, level: header.level as i32 };
-        let groups = groups_in(&lower, header.layout);
-        let container = Container {
+        let groups = groups_in(meta.len(), header.layout);
+        let mtime = libc::timespec { tv_sec: meta.mtime(), tv_nsec: meta.mtime_nsec() };
+        Container {
             lower,
             layout: header.layout,
             checksum: header.checksum,
@@ -291,20 +358,66 @@ impl Container {
             memory: memory.clone(),
             label,
             slot_io: RwLock::new(()),
-            state: Mutex::new(State::new(compression, policy, &header, groups, memory)),
+            state: Mutex::new(State::new(compression, policy, &header, groups, mtime, memory)),
             landed: Condvar::new(),
-        };
-        // Records past the size (a crash between landing them and writing the header) must not
-        // reappear if the file grows again.
-        let records = container.layout.plain_size_to_records(header.size);
-        {
-            let _io = container.slot_io.write();
-            let mut st = container.state.lock();
-            if let Err(e) = container.discard_from(&mut st, records) {
-                warn!(file = %container.label, "cannot drop records past the end of file: {e}");
+        }
+    }
+
+    /// Drops records past the size that a crash left (they must not reappear if the file grows).
+    fn discard_pending(&self) -> FsResult<()> {
+        let _io = self.slot_io.write();
+        let mut st = self.state.lock();
+        if let Some(first) = st.pending_discard.take() {
+            if let Err(e) = self.discard_from(&mut st, first) {
+                st.pending_discard = Some(first);
+                warn!(file = %self.label, "cannot drop records past the end of file: {e}");
+                return Err(e);
             }
         }
-        container
+        Ok(())
+    }
+
+    /// A handle opens the file for writing: the lower file becomes writable (it was opened
+    /// read-only while only readers had it), and what a crash left past the end goes.
+    pub fn make_writable(&self, path_fd: std::os::fd::RawFd) -> FsResult<()> {
+        lower::upgrade_to_write(&self.lower, path_fd)?;
+        self.discard_pending()
+    }
+
+    /// The modification time users see, and the last status change not yet on the lower.
+    pub fn times(&self) -> (libc::timespec, Option<libc::timespec>) {
+        let st = self.state.lock();
+        (st.mtime, st.ctime)
+    }
+
+    /// The user set the lower's times (utimensat): take them as the file's own.
+    pub fn times_set_by_user(&self) -> FsResult<()> {
+        use std::os::unix::fs::MetadataExt;
+        let meta = self.lower.metadata()?;
+        let mut st = self.state.lock();
+        st.mtime = libc::timespec { tv_sec: meta.mtime(), tv_nsec: meta.mtime_nsec() };
+        st.ctime = None;
+        st.mtime_to_restore = false;
+        Ok(())
+    }
+
+    /// A user operation changed the file without changing its bytes (fallocate: ext4 moves
+    /// mtime and ctime there too).
+    pub fn changed_by_user(&self) {
+        self.state.lock().user_changed();
+    }
+
+    /// Puts the lower's mtime back to the user's after the daemon's own writes.
+    fn restore_mtime(&self, st: &mut State) {
+        if !st.mtime_to_restore {
+            return;
+        }
+        let times = [libc::timespec { tv_sec: 0, tv_nsec: libc::UTIME_OMIT }, st.mtime];
+        if unsafe { libc::futimens(std::os::fd::AsRawFd::as_raw_fd(&self.lower), times.as_ptr()) } != 0 {
+            warn!(file = %self.label, "cannot keep the modification time: {}", std::io::Error::last_os_error());
+        }
+        st.mtime_to_restore = false;
+        st.ctime = None;
     }
 
     pub fn layout(&self) -> Layout {
@@ -336,7 +449,8 @@ impl Container {
         let mut table = decode_table(&block, group, self.layout);
         if st.healed.insert(group) {
             self.heal(st, group, &mut table)?;
-            if st.healed.len() as u64 >= st.groups_to_heal && st.heal_from != 0 {
+            // A run that only reads keeps the healed view in memory and writes no header.
+            if st.all_healed() && st.heal_from != 0 && st.announced {
                 st.header_stale = true;
             }
         }
@@ -387,7 +501,7 @@ impl Container {
         }
         if changed {
             if st.announced {
-                self.write_table(group, table)?;
+                self.write_table(st, group, table)?;
             } else {
                 st.unpersisted.insert(group); // written once this run writes at all
             }
@@ -395,7 +509,8 @@ impl Container {
         Ok(())
     }
 
-    fn write_table(&self, group: u64, table: &[Pair]) -> FsResult<()> {
+    fn write_table(&self, st: &mut State, group: u64, table: &[Pair]) -> FsResult<()> {
+        st.touch();
         let mut block = Vec::with_capacity(TABLE_SIZE as usize);
         for pair in table {
             for s in pair {
@@ -407,23 +522,33 @@ impl Container {
     }
 
     /// Heals every group not loaded yet (before a sync, so the range can go from the header).
+    /// Only groups with something on the lower file are visited: a sparse file costs in
+    /// proportion to its data, not its size.
     fn heal_all(&self, st: &mut State) -> FsResult<()> {
-        if st.heal_from >= st.run_base || st.healed.len() as u64 >= st.groups_to_heal {
+        if st.all_healed() {
             return Ok(());
         }
-        for group in 0..st.groups_to_heal {
-            if !st.healed.contains(&group) {
-                self.pair(st, group * GROUP_RECORDS)?;
+        // Healed tables are written as they are loaded (the cache does not have to hold them all).
+        self.announce(st)?;
+        let mut group = 0;
+        while let Some(found) = self.next_stored_group(group)? {
+            if !st.healed.contains(&found) {
+                self.pair(st, found * GROUP_RECORDS)?;
             }
+            group = found + 1;
         }
-        if !st.unpersisted.is_empty() {
-            match self.announce(st) {
-                // A read-only lower file: the healed view stays in memory (and the range in the header).
-                Err(e) if matches!(e.errno, libc::EBADF | libc::EROFS | libc::EACCES | libc::EPERM) => {}
-                other => other?,
-            }
+        st.heal_complete = true;
+        if st.heal_from != 0 {
+            st.header_stale = true;
         }
         Ok(())
+    }
+
+    /// The first group from `group` on whose region holds anything on the lower file. A group
+    /// never written is a hole there (its table too), so SEEK_DATA skips it without reading.
+    fn next_stored_group(&self, group: u64) -> FsResult<Option<u64>> {
+        let from = if group == 0 { 0 } else { self.layout.group_to_table_off(group) };
+        Ok(lower::seek_data(&self.lower, from)?.map(|off| self.layout.lower_off_to_group(off).max(group)))
     }
 
     /// Records this run's epochs in the header, durably, before its first descriptor write;
@@ -437,9 +562,12 @@ impl Container {
         lower::fdatasync(&self.lower)?;
         st.announced = true;
         for group in std::mem::take(&mut st.unpersisted) {
-            if let Some(table) = st.tables.get(&group) {
-                self.write_table(group, table)?;
+            if let Some(table) = st.tables.get(&group).cloned() {
+                self.write_table(st, group, &table)?;
             }
+        }
+        if st.all_healed() && st.heal_from != 0 {
+            st.header_stale = true;
         }
         Ok(())
     }
@@ -447,7 +575,14 @@ impl Container {
     fn set_descriptor(&self, st: &mut State, record: u64, slot: usize, state: SlotState) -> FsResult<()> {
         if matches!(state, SlotState::Valid(_)) {
             self.announce(st)?;
+            if !st.header_on_disk {
+                // A new file's first record: its header goes first (the descriptors alone would
+                // make it a container whose header is gone).
+                st.header_stale = true;
+                self.write_header(st)?;
+            }
         }
+        st.touch();
         let bytes = state.encode();
         lower::pwrite_all(&self.lower, &bytes, self.layout.record_to_descriptor_off(record, slot))?;
         let group = self.layout.record_to_group(record);
@@ -640,6 +775,41 @@ impl Container {
         }
     }
 
+    /// Puts a stored record's bytes in `dirty` to be re-encoded, marked as a rewrite (landed only
+    /// if smaller). A record with a user's change pending is left to the ordinary path: the mark
+    /// is set under the same lock that sees no such change, and every user change clears it.
+    fn load_for_rewrite(&self, record: u64) -> FsResult<()> {
+        loop {
+            let seen = {
+                let _io = self.slot_io.read();
+                let mut st = self.state.lock();
+                if st.dirty.contains_key(&record) || st.inflight.contains_key(&record) {
+                    return Ok(());
+                }
+                match self.source(&mut st, record)? {
+                    Source::Memory(buf) => {
+                        self.put_trimmed(&mut st, record, &buf);
+                        st.rewriting.insert(record);
+                        return Ok(());
+                    }
+                    Source::Absent => return Ok(()),
+                    Source::Lower { candidates } => candidates,
+                }
+            };
+            let buf = self.fetch_slow(record)?;
+            let _io = self.slot_io.read();
+            let mut st = self.state.lock();
+            if st.dirty.contains_key(&record) || st.inflight.contains_key(&record) {
+                return Ok(());
+            }
+            if newest_first(&self.pair(&mut st, record)?) == seen {
+                self.put_trimmed(&mut st, record, &buf);
+                st.rewriting.insert(record);
+                return Ok(());
+            }
+        }
+    }
+
     fn put_trimmed(&self, st: &mut State, record: u64, buf: &[u8]) {
         let keep = self.layout.record_len_in_size(record, st.size);
         st.put_dirty(record, buf[..buf.len().min(keep)].to_vec());
@@ -693,8 +863,13 @@ impl Container {
         if data.is_empty() {
             return Ok(0);
         }
-        offset.checked_add(data.len() as u64).ok_or(FsError::errno(libc::EFBIG))?;
-        self.take_write_error(&mut self.state.lock())?;
+        let end = offset.checked_add(data.len() as u64).ok_or(FsError::errno(libc::EFBIG))?;
+        {
+            let mut st = self.state.lock();
+            self.take_write_error(&mut st)?;
+            self.check_lower_can_hold(&mut st, end)?;
+            st.user_changed();
+        }
         self.wait_for_room();
         self.memory.wait_for_room();
         let rs = self.layout.record_size() as usize;
@@ -706,6 +881,7 @@ impl Container {
         let mut at = 0;
         for p in self.layout.split(offset, data.len() as u64) {
             let (_io, mut st) = self.lock_for_edit(p.record, p.is_partial(rs))?;
+            st.rewriting.remove(&p.record);
             let mut buf = st.take_dirty(p.record).unwrap_or_default();
             if buf.len() < p.skip + p.len {
                 buf.resize(p.skip + p.len, 0);
@@ -745,7 +921,8 @@ impl Container {
             let seq = st.next_seq;
             st.next_seq += 1;
             let data = Arc::new(buf);
-            st.put_inflight(record, InFlight { seq, data: data.clone() });
+            let only_if_smaller = st.rewriting.remove(&record);
+            st.put_inflight(record, InFlight { seq, data: data.clone(), only_if_smaller });
             let me = Arc::clone(self);
             jobs.push(Job {
                 work: Work::Compress(CompressRequest {
@@ -769,8 +946,9 @@ impl Container {
             // Truncated away (or superseded) while in the engine.
             return;
         }
+        let only_if_smaller = st.inflight.get(&record).is_some_and(|f| f.only_if_smaller);
         let outcome = match result {
-            Ok(Output::Compressed(encoded)) => self.write_record(&mut st, record, &encoded),
+            Ok(Output::Compressed(encoded)) => self.write_record(&mut st, record, &encoded, only_if_smaller),
             Ok(Output::Decompressed(_)) => panic!("BUG: compress job returned a decompressed record"),
             Err(e) => Err(FsError::new(libc::EIO, format!("compressing record {record}: {e}"))),
         };
@@ -788,7 +966,7 @@ impl Container {
         self.landed.notify_all();
     }
 
-    fn write_record(&self, st: &mut State, record: u64, encoded: &Encoded) -> FsResult<()> {
+    fn write_record(&self, st: &mut State, record: u64, encoded: &Encoded, only_if_smaller: bool) -> FsResult<()> {
         let pair = self.pair(st, record)?;
         let found = newest_first(&pair);
         // Keep the last durable copy: if the current copy is not durable yet (written in this
@@ -814,6 +992,17 @@ impl Container {
             SlotState::Empty => 0,
         };
         let new_len = if inline { 0 } else { round_up_block(stored) };
+        if only_if_smaller {
+            // Recompress keeps what was smaller: a stronger codec must never make a file take
+            // more blocks (say, a one-block inline record moving out to a slot of its own).
+            if let Some(&(_, current)) = found.first() {
+                let now = if current.is_inline() { 0 } else { round_up_block(current.stored_len as u64) };
+                if new_len >= now {
+                    return Ok(());
+                }
+            }
+        }
+        st.touch();
         if stored > 0 {
             lower::pwrite_all(&self.lower, &encoded.bytes, if inline { INLINE_OFF } else { slot_off })?;
         }
@@ -861,7 +1050,41 @@ impl Container {
                 st = self.state.lock();
             }
         }
-        self.write_header(&mut st)
+        self.write_header(&mut st)?;
+        let emptied = st.size == 0 && st.header_on_disk;
+        drop(st);
+        if emptied {
+            self.cut_to_empty()?;
+        }
+        self.restore_mtime(&mut self.state.lock());
+        Ok(())
+    }
+
+    /// A file truncated to nothing becomes an empty lower file again (no header block), so it
+    /// takes no more space than an empty plain file. Crash-safe: an empty lower file is an empty
+    /// file, whatever else of the truncate a power cut keeps or undoes.
+    fn cut_to_empty(&self) -> FsResult<()> {
+        let _io = self.slot_io.write();
+        let mut st = self.state.lock();
+        if st.size != 0 || !st.header_on_disk || !st.dirty.is_empty() || !st.inflight.is_empty() {
+            return Ok(());
+        }
+        st.touch();
+        self.lower.set_len(0)?;
+        st.header_on_disk = false;
+        st.header_stale = false;
+        st.persisted_size = 0;
+        st.tables.clear();
+        st.unpersisted.clear();
+        st.stale.clear();
+        st.rewriting.clear();
+        st.deferred_punch.clear();
+        st.heal_complete = true;
+        let memory = st.memory.clone();
+        for (_, b) in st.clean.drain(..) {
+            memory.release(b.len());
+        }
+        Ok(())
     }
 
     /// Background writeback (every few seconds): starts compressing every dirty record without
@@ -871,6 +1094,7 @@ impl Container {
             let mut st = self.state.lock();
             if st.dirty.is_empty() && st.inflight.is_empty() {
                 self.write_header(&mut st)?;
+                self.restore_mtime(&mut st);
             }
             let records: Vec<u64> = st.dirty.keys().copied().collect();
             self.prepare(&mut st, &records)
@@ -883,6 +1107,10 @@ impl Container {
         if st.size == st.persisted_size && !st.header_stale {
             return Ok(());
         }
+        if st.size == 0 && !st.header_on_disk {
+            return Ok(()); // an empty new file stays an empty lower file
+        }
+        st.touch();
         let sequence = st.header_seq + 1;
         let header = Header {
             layout: self.layout,
@@ -898,6 +1126,7 @@ impl Container {
         st.header_seq = sequence;
         st.persisted_size = st.size;
         st.header_stale = false;
+        st.header_on_disk = true;
         Ok(())
     }
 
@@ -905,6 +1134,11 @@ impl Container {
     /// copies of rewritten records are no longer needed and their space is freed.
     pub fn sync(self: &Arc<Self>, datasync: bool) -> FsResult<()> {
         self.flush()?;
+        if !self.state.lock().wrote {
+            // This run wrote nothing (a reader's fsync): no epoch to close, no header to write.
+            let synced = if datasync { lower::fdatasync(&self.lower) } else { lower::fsync(&self.lower) };
+            return Ok(synced?);
+        }
         {
             let _io = self.slot_io.read();
             let mut st = self.state.lock();
@@ -937,7 +1171,9 @@ impl Container {
             self.write_header(&mut st)?;
         }
         lower::fdatasync(&self.lower)?;
-        self.reclaim(was_stale)
+        let reclaimed = self.reclaim(was_stale);
+        self.restore_mtime(&mut self.state.lock());
+        reclaimed
     }
 
     /// Frees the non-current slot of each record (their current copy is durable), and the
@@ -949,6 +1185,7 @@ impl Container {
         for (record, slot) in std::mem::take(&mut st.deferred_punch) {
             // Skip a slot written again since (its descriptor is set again).
             if self.pair(&mut st, record)?[slot] == SlotState::Empty {
+                st.touch();
                 lower::punch_hole(&self.lower, self.layout.record_to_slot_off(record, slot), rs)?;
             }
         }
@@ -969,7 +1206,6 @@ impl Container {
             let other = 1 - current;
             if pair[other] != SlotState::Empty {
                 self.set_descriptor(&mut st, record, other, SlotState::Empty)?;
-                let rs = self.layout.record_size();
                 lower::punch_hole(&self.lower, self.layout.record_to_slot_off(record, other), rs)?;
             }
         }
@@ -1005,14 +1241,48 @@ impl Container {
                 }
             }
             for &record in &batch {
-                drop(self.lock_for_edit(record, true)?);
+                self.load_for_rewrite(record)?;
             }
             let jobs = self.prepare(&mut self.state.lock(), &batch);
             self.engine.submit(jobs);
             self.wait_for_room();
             start = end;
         }
-        self.sync(true)
+        self.sync(true)?;
+        self.compact_tail()
+    }
+
+    /// After a rewrite the last record's copy may sit in its second slot, past where the lower
+    /// file ended: it is written again into its first slot (free once the sync reclaimed it) and
+    /// the lower file cut after it, so recompress never makes the lower file longer.
+    fn compact_tail(self: &Arc<Self>) -> FsResult<()> {
+        let records = self.layout.plain_size_to_records(self.size());
+        let Some(last) = records.checked_sub(1) else { return Ok(()) };
+        let in_second_slot = {
+            let _io = self.slot_io.read();
+            let mut st = self.state.lock();
+            let pair = self.pair(&mut st, last)?;
+            pair[0] == SlotState::Empty && matches!(pair[1], SlotState::Valid(d) if !d.is_hole())
+        };
+        if !in_second_slot {
+            return Ok(());
+        }
+        self.load_dirty(last)?;
+        self.sync(true)?;
+        let _io = self.slot_io.write();
+        let mut st = self.state.lock();
+        let pair = self.pair(&mut st, last)?;
+        let end = match pair {
+            [SlotState::Valid(d), SlotState::Empty] if d.is_inline() => HEADER_BLOCK,
+            [SlotState::Valid(d), SlotState::Empty] => self.layout.record_to_slot_off(last, 0) + round_up_block(d.stored_len as u64),
+            _ => return Ok(()),
+        };
+        if self.lower.metadata()?.len() > end {
+            st.touch();
+            self.lower.set_len(end)?;
+            self.restore_mtime(&mut st);
+        }
+        Ok(())
     }
 
     // ---- size changes --------------------------------------------------------------------
@@ -1029,6 +1299,12 @@ impl Container {
 
     pub fn set_size(self: &Arc<Self>, new_size: u64) -> FsResult<()> {
         let old = self.size();
+        {
+            // ext4 moves mtime and ctime on every truncate, even to the same size.
+            let mut st = self.state.lock();
+            self.check_lower_can_hold(&mut st, new_size)?;
+            st.user_changed();
+        }
         if new_size > old {
             self.zero_tail_past(old)?;
             self.state.lock().size = new_size;
@@ -1041,6 +1317,7 @@ impl Container {
             let mut st = self.state.lock();
             st.size = new_size;
             let keep = self.layout.record_len_in_size(boundary, new_size);
+            st.rewriting.remove(&boundary);
             if let Some(mut buf) = st.take_dirty(boundary) {
                 buf.truncate(keep);
                 // The trimmed copy replaces any longer one still in the engine.
@@ -1071,6 +1348,7 @@ impl Container {
             *r < first
         });
         st.stale = st.stale.range(..first).copied().collect();
+        st.rewriting.retain(|&r| r < first);
         // Records sharing a table that stays (the boundary group's, and always group 0's, which
         // lives in block 0) are cleared one by one; later groups are cut off with their tables.
         let clear_end = if first > 0 && first % GROUP_RECORDS == 0 { first } else { (first / GROUP_RECORDS + 1) * GROUP_RECORDS };
@@ -1087,6 +1365,7 @@ impl Container {
         // until their cleared descriptors are durable (deferred punches), group 0's included.
         let keep_len = self.layout.records_to_lower_len(first.max(1));
         if self.lower.metadata()?.len() > keep_len {
+            st.touch();
             self.lower.set_len(keep_len)?;
         }
         let kept_groups = clear_end / GROUP_RECORDS;
@@ -1102,11 +1381,13 @@ impl Container {
         if offset >= end {
             return Ok(());
         }
+        self.state.lock().user_changed();
         let rs = self.layout.record_size() as usize;
         for p in self.layout.split(offset, end - offset) {
             let keep = self.layout.record_len_in_size(p.record, size);
             let whole = p.skip == 0 && p.len >= keep;
             let (_io, mut st) = self.lock_for_edit(p.record, p.is_partial(rs) && !whole)?;
+            st.rewriting.remove(&p.record);
             let mut buf = st.take_dirty(p.record).unwrap_or_default();
             if whole {
                 buf = vec![0u8; keep];
@@ -1119,8 +1400,69 @@ impl Container {
         Ok(())
     }
 
+    /// Refuses a size whose records the lower file system cannot hold (EFBIG, as the lower would
+    /// say), when the write or truncate is made rather than when its record lands.
+    fn check_lower_can_hold(&self, st: &mut State, end: u64) -> FsResult<()> {
+        if end <= st.size.max(st.checked_size) || end == 0 {
+            return Ok(());
+        }
+        let last = self.layout.plain_off_to_record(end - 1);
+        let lower_end = self.layout.record_to_slot_off(last, 1).checked_add(self.layout.record_size());
+        if !lower_end.is_some_and(|e| lower::offset_allowed(&self.lower, e)) {
+            return Err(FsError::new(libc::EFBIG, format!("{}: the lower file system cannot hold a file of {end} bytes stored this way", self.label)));
+        }
+        st.checked_size = end;
+        Ok(())
+    }
+
+    /// Whether a record has data stored on the lower file (not a hole).
+    fn stored_data(&self, st: &mut State, record: u64) -> FsResult<bool> {
+        Ok(newest_first(&self.pair(st, record)?).first().is_some_and(|(_, d)| !d.is_hole()))
+    }
+
+    /// The first record in `from..end` holding data: in memory, or stored (groups with nothing on
+    /// the lower are skipped without reading them).
+    fn next_data_record(&self, st: &mut State, from: u64, end: u64) -> FsResult<Option<u64>> {
+        let in_memory = st.dirty.range(from..).next().map(|(r, _)| *r).into_iter().chain(st.inflight.keys().copied().filter(|&r| r >= from)).min();
+        let limit = in_memory.unwrap_or(end).min(end);
+        let mut record = from;
+        while record < limit {
+            let group = self.layout.record_to_group(record);
+            let Some(found) = self.next_stored_group(group)? else { break };
+            if found > group {
+                record = found * GROUP_RECORDS;
+                continue;
+            }
+            let group_end = ((group + 1) * GROUP_RECORDS).min(limit);
+            for r in record..group_end {
+                if self.stored_data(st, r)? {
+                    return Ok(Some(r));
+                }
+            }
+            record = group_end;
+        }
+        Ok(in_memory.filter(|&r| r < end))
+    }
+
+    /// The first record in `from..end` that is a hole (or `end`); data records are visited once each.
+    fn next_hole_record(&self, st: &mut State, from: u64, end: u64) -> FsResult<u64> {
+        let mut record = from;
+        while record < end {
+            if !st.dirty.contains_key(&record) && !st.inflight.contains_key(&record) {
+                let group = self.layout.record_to_group(record);
+                let group_stored = st.tables.contains_key(&group) || self.next_stored_group(group)? == Some(group);
+                if !group_stored || !self.stored_data(st, record)? {
+                    return Ok(record);
+                }
+            }
+            record += 1;
+        }
+        Ok(end)
+    }
+
     /// SEEK_DATA / SEEK_HOLE at record granularity: a record is a hole when nothing or only an
-    /// all-zero record is stored for it (dirty records count as data).
+    /// all-zero record is stored for it (dirty records count as data). Costs in proportion to
+    /// the data, never to the offset.
     pub fn seek(&self, offset: u64, want_data: bool) -> FsResult<u64> {
         let _io = self.slot_io.read();
         let mut st = self.state.lock();
@@ -1129,14 +1471,15 @@ impl Container {
             return Err(FsError::errno(libc::ENXIO));
         }
         let records = self.layout.plain_size_to_records(size);
-        for record in self.layout.plain_off_to_record(offset)..records {
-            let is_data = st.dirty.contains_key(&record)
-                || st.inflight.contains_key(&record)
-                || newest_first(&self.pair(&mut st, record)?).first().is_some_and(|(_, d)| !d.is_hole());
-            if is_data == want_data {
-                return Ok(offset.max(self.layout.record_to_plain_off(record)));
+        let from = self.layout.plain_off_to_record(offset);
+        if want_data {
+            match self.next_data_record(&mut st, from, records)? {
+                Some(record) => Ok(offset.max(self.layout.record_to_plain_off(record))),
+                None => Err(FsError::errno(libc::ENXIO)),
             }
+        } else {
+            let record = self.next_hole_record(&mut st, from, records)?;
+            Ok(offset.max(self.layout.record_to_plain_off(record)).min(size))
         }
-        if want_data { Err(FsError::errno(libc::ENXIO)) } else { Ok(size) }
     }
 }

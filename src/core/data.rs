@@ -6,6 +6,26 @@ use super::error::check;
 use super::inodes::{Content, Node};
 use super::lower::{self, cstr};
 use super::{Attr, Caller, DenseFs, FsError, FsResult, Handle};
+
+impl Content {
+    /// Names the lower file still has (0: unlinked, reachable only through open handles).
+    fn lower_links(&self) -> u64 {
+        use std::os::unix::fs::MetadataExt;
+        let file = match self {
+            Content::Container(c) => c.lower_file(),
+            Content::Plain(f) => f,
+        };
+        file.metadata().map_or(1, |m| m.nlink())
+    }
+
+    /// A handle opens the file for writing: make the lower file writable under every holder.
+    pub fn make_writable(&self, path_fd: std::os::fd::RawFd) -> FsResult<()> {
+        match self {
+            Content::Container(c) => c.make_writable(path_fd),
+            Content::Plain(file) => Ok(lower::upgrade_to_write(file, path_fd)?),
+        }
+    }
+}
 use std::ffi::OsStr;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
@@ -55,20 +75,20 @@ fn timespec(t: Option<SetTime>) -> libc::timespec {
 impl DenseFs {
     /// Builds the shared content of a regular file: a container, or the plain lower file.
     /// An empty lower file opened for writing becomes a container (it has nothing to preserve).
+    /// Readers open the lower file read-only: reading never writes (a writer's open upgrades it).
     pub(super) fn load_content(&self, inode: &Node, writable: bool) -> FsResult<Content> {
-        let file = match lower::reopen(inode.raw_fd(), libc::O_RDWR) {
-            Ok(f) => f,
-            Err(e) if matches!(e.raw_os_error(), Some(libc::EACCES | libc::EROFS | libc::EPERM | libc::ETXTBSY)) => {
-                lower::reopen(inode.raw_fd(), libc::O_RDONLY)?
-            }
-            Err(e) => return Err(e.into()),
+        let file = if writable {
+            lower::reopen(inode.raw_fd(), libc::O_RDWR)?
+        } else {
+            lower::reopen_read(inode.raw_fd(), self.options.noatime)?
         };
         let label = self.label(inode);
         // The properties of the directory the file is in decide how it is written.
         let settings = self.settings_in(self.inodes.parent_of(inode.nodeid).unwrap_or(super::ROOT));
         match Container::probe(&file) {
             Ok(Some(header)) => {
-                Ok(Content::Container(Arc::new(Container::open(file, header, settings.record_policy(), self.engine.clone(), self.memory.clone(), label))))
+                let c = Container::open(file, header, settings.record_policy(), self.engine.clone(), self.memory.clone(), label, writable)?;
+                Ok(Content::Container(Arc::new(c)))
             }
             Ok(None) if writable && file.metadata()?.len() == 0 => {
                 let c = Container::create(file, Self::create_settings(&settings), settings.record_policy(), self.engine.clone(), self.memory.clone(), label)?;
@@ -85,7 +105,12 @@ impl DenseFs {
     fn open_inode(&self, inode: &Node, writable: bool) -> FsResult<u64> {
         let mut open = inode.open.lock();
         let content = match &open.content {
-            Some(c) => c.clone(),
+            Some(c) => {
+                if writable {
+                    c.make_writable(inode.raw_fd())?;
+                }
+                c.clone()
+            }
             None => {
                 let c = self.load_content(inode, writable)?;
                 open.content = Some(c.clone());
@@ -190,6 +215,12 @@ impl DenseFs {
         if open.handles > 0 {
             return;
         }
+        if open.content.as_ref().is_some_and(|c| c.lower_links() == 0) {
+            // Unlinked while open: nobody can read it again, so nothing is written back and
+            // its space comes back now.
+            open.content = None;
+            return;
+        }
         if let Some(Content::Container(c)) = open.content.take() {
             let result = if c.has_stale() { c.sync(true) } else { c.flush() };
             if let Err(e) = result {
@@ -200,10 +231,26 @@ impl DenseFs {
         }
     }
 
+    /// After an unlink or a rename over it: a file no name reaches any more and no handle has open
+    /// lets go of what it kept in memory (data a full disk refused at close), so its lower file
+    /// is closed and its space comes back at once.
+    pub(super) fn let_go_if_unlinked(&self, dev: u64, ino: u64) {
+        let Some(inode) = self.inodes.find(dev, ino) else { return };
+        let mut open = inode.open.lock();
+        if open.handles > 0 || !open.content.as_ref().is_some_and(|c| c.lower_links() == 0) {
+            return;
+        }
+        open.content = None;
+        drop(open);
+        tracing::info!(inode = inode.nodeid, "unlinked: data kept in memory after a failed close is dropped");
+        self.inodes.forget(inode.nodeid, 0);
+    }
+
     /// Runs `f` on the file's content, opening it just for the call if no handle has it open.
     fn with_content<T>(&self, inode: &Node, f: impl FnOnce(&Content) -> FsResult<T>) -> FsResult<T> {
         let open = inode.open.lock();
         if let Some(c) = open.content.clone() {
+            c.make_writable(inode.raw_fd())?;
             drop(open);
             return f(&c);
         }
@@ -249,6 +296,9 @@ impl DenseFs {
             }
             let times = [timespec(set.atime), timespec(set.mtime)];
             check(unsafe { libc::utimensat(libc::AT_FDCWD, path.as_ptr(), times.as_ptr(), 0) })?;
+            if let Some(Content::Container(c)) = inode.open_content() {
+                c.times_set_by_user()?;
+            }
         }
         self.attr_of(&inode)
     }
@@ -266,7 +316,7 @@ impl DenseFs {
                 match action {
                     // Space cannot be promised for data whose compressed size is unknown: the
                     // size changes, the bytes read as zeros, nothing is reserved.
-                    0 => {}
+                    0 => c.changed_by_user(),
                     libc::FALLOC_FL_PUNCH_HOLE if keep_size => c.zero_range(offset, len)?,
                     libc::FALLOC_FL_ZERO_RANGE => c.zero_range(offset, len)?,
                     _ => return Err(FsError::errno(libc::EOPNOTSUPP)),

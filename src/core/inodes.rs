@@ -310,6 +310,17 @@ impl InodeTable {
         }
     }
 
+    /// The inode the kernel knows for a lower (device, inode number), if any.
+    pub fn find(&self, dev: u64, ino: u64) -> Option<Arc<Inode>> {
+        let t = self.inner.lock();
+        let id = match t.remapped.get(&(dev, ino)) {
+            Some(&id) => id,
+            None if dev == self.root_dev && ino != ROOT && ino < REMAPPED_BASE => ino,
+            None => return None,
+        };
+        t.by_id.get(&id).map(|e| e.inode.clone())
+    }
+
     /// Inodes whose content is in memory with no handle open: data a failed close left behind.
     pub fn unwritten(&self) -> Vec<Arc<Inode>> {
         let inodes: Vec<Arc<Inode>> = self.inner.lock().by_id.values().map(|e| e.inode.clone()).collect();

@@ -84,3 +84,57 @@ pub fn fdatasync(file: &File) -> io::Result<()> {
 pub fn fsync(file: &File) -> io::Result<()> {
     check(unsafe { libc::fsync(file.as_raw_fd()) }).map(|_| ())
 }
+
+/// Opens the inode behind an O_PATH fd for reading. `noatime`: without moving its access time
+/// (the daemon's own reads, and every read of a read-only mount); O_NOATIME is refused on files
+/// the daemon does not own, which are then opened plainly.
+pub fn reopen_read(path_fd: RawFd, noatime: bool) -> io::Result<File> {
+    if noatime {
+        match reopen(path_fd, libc::O_RDONLY | libc::O_NOATIME) {
+            Err(e) if e.raw_os_error() == Some(libc::EPERM) => {}
+            other => return other,
+        }
+    }
+    reopen(path_fd, libc::O_RDONLY)
+}
+
+/// Makes `file` (opened read-only) writable in place: the inode is reopened read-write and the
+/// new open file description takes over the same descriptor number (dup3 is atomic), so every
+/// holder of `file` writes through it from then on.
+pub fn upgrade_to_write(file: &File, path_fd: RawFd) -> io::Result<()> {
+    let flags = check(unsafe { libc::fcntl(file.as_raw_fd(), libc::F_GETFL) })?;
+    if flags & libc::O_ACCMODE != libc::O_RDONLY {
+        return Ok(());
+    }
+    let writable = reopen(path_fd, libc::O_RDWR)?;
+    check(unsafe { libc::dup3(writable.as_raw_fd(), file.as_raw_fd(), libc::O_CLOEXEC) })?;
+    Ok(())
+}
+
+/// The first offset at or after `from` holding data (SEEK_DATA), or `None` past the last.
+/// A file system without SEEK_DATA reports everything as data, which is only slower.
+pub fn seek_data(file: &File, from: u64) -> io::Result<Option<u64>> {
+    let Ok(from) = libc::off_t::try_from(from) else { return Ok(None) };
+    let r = unsafe { libc::lseek(file.as_raw_fd(), from, libc::SEEK_DATA) };
+    if r >= 0 {
+        return Ok(Some(r as u64));
+    }
+    match io::Error::last_os_error() {
+        e if e.raw_os_error() == Some(libc::ENXIO) => Ok(None),
+        e if e.raw_os_error() == Some(libc::EINVAL) => Ok(Some(from as u64)),
+        e => Err(e),
+    }
+}
+
+/// Whether the lower file system allows a file to reach `offset` (its largest file size):
+/// llseek refuses positions past it. The descriptor's position is not used for I/O here.
+pub fn offset_allowed(file: &File, offset: u64) -> bool {
+    libc::off_t::try_from(offset).is_ok_and(|off| unsafe { libc::lseek(file.as_raw_fd(), off, libc::SEEK_SET) } >= 0)
+}
+
+/// The current time, as the kernel stamps files.
+pub fn now() -> libc::timespec {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    unsafe { libc::clock_gettime(libc::CLOCK_REALTIME, &mut ts) };
+    ts
+}

@@ -44,6 +44,8 @@ pub struct Options {
     pub offload: Offload,
     /// File data all open files may hold in memory (dirty, in flight, cached), in bytes.
     pub cache_size: usize,
+    /// Reads leave the lower files' access times alone (`ro` and `noatime` mounts).
+    pub noatime: bool,
 }
 
 impl Options {
@@ -61,6 +63,7 @@ impl Default for Options {
             min_savings: MinSavings::ZFS,
             offload: Offload::Auto,
             cache_size: 256 << 20,
+            noatime: false,
         }
     }
 }
@@ -221,22 +224,23 @@ impl DenseFs {
             .unwrap_or_else(|_| format!("inode {}", inode.nodeid))
     }
 
-    /// The logical size of a regular file that is not open: from its header, or the lower size.
-    fn closed_file_size(&self, inode: &Node, lower_size: u64) -> FsResult<u64> {
+    /// The logical size and record size of a regular file that is not open: from its header
+    /// (read without moving the access time), or the lower file's own.
+    fn closed_file_size(&self, inode: &Node, lower_size: u64) -> FsResult<Option<(u64, u32)>> {
         if lower_size == 0 {
-            return Ok(0);
+            return Ok(None);
         }
-        let file = match lower::reopen(inode.raw_fd(), libc::O_RDONLY) {
+        let file = match lower::reopen_read(inode.raw_fd(), true) {
             Ok(f) => f,
             // Unreadable by the daemon (not root, mode 000): show the lower size.
-            Err(_) => return Ok(lower_size),
+            Err(_) => return Ok(None),
         };
         match Container::probe(&file) {
-            Ok(Some(header)) => Ok(header.size),
-            Ok(None) => Ok(lower_size),
+            Ok(Some(header)) => Ok(Some((header.size, header.layout.record_size() as u32))),
+            Ok(None) => Ok(None),
             Err(e) => {
                 tracing::error!(file = %self.label(inode), "damaged container header: {e}");
-                Ok(lower_size)
+                Ok(None)
             }
         }
     }
@@ -246,14 +250,27 @@ impl DenseFs {
         let kind = Kind::from_mode(st.st_mode);
         let mut size = st.st_size as u64;
         let mut blksize = st.st_blksize as u32;
+        let mut mtime = time(st.st_mtime, st.st_mtime_nsec);
+        let mut ctime = time(st.st_ctime, st.st_ctime_nsec);
         if kind == Kind::File {
             match inode.open_content() {
                 Some(Content::Container(c)) => {
                     size = c.size();
                     blksize = c.layout().record_size() as u32;
+                    // The times the user's operations set, not those of landing records.
+                    let (m, c) = c.times();
+                    mtime = time(m.tv_sec, m.tv_nsec);
+                    if let Some(c) = c {
+                        ctime = ctime.max(time(c.tv_sec, c.tv_nsec));
+                    }
                 }
                 Some(Content::Plain(_)) => {}
-                None => size = self.closed_file_size(inode, size)?,
+                None => {
+                    if let Some((logical, record_size)) = self.closed_file_size(inode, size)? {
+                        size = logical;
+                        blksize = record_size;
+                    }
+                }
             }
         }
         Ok(Attr {
@@ -261,8 +278,8 @@ impl DenseFs {
             size,
             blocks: st.st_blocks as u64,
             atime: time(st.st_atime, st.st_atime_nsec),
-            mtime: time(st.st_mtime, st.st_mtime_nsec),
-            ctime: time(st.st_ctime, st.st_ctime_nsec),
+            mtime,
+            ctime,
             kind,
             perm: (st.st_mode & 0o7777) as u16,
             nlink: st.st_nlink as u32,

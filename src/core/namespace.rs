@@ -83,7 +83,12 @@ impl DenseFs {
         hidden(name, libc::ENOENT)?;
         let dir = self.inode(parent)?;
         let c = cstr(name)?;
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        let known = unsafe { libc::fstatat(dir.raw_fd(), c.as_ptr(), &mut st, libc::AT_SYMLINK_NOFOLLOW) } == 0;
         check(unsafe { libc::unlinkat(dir.raw_fd(), c.as_ptr(), 0) })?;
+        if known {
+            self.let_go_if_unlinked(st.st_dev, st.st_ino);
+        }
         Ok(())
     }
 
@@ -117,9 +122,11 @@ impl DenseFs {
         if let Some((dev, ino)) = moving {
             self.inodes.moved(dev, ino, new_parent, new_name);
         }
-        if flags & libc::RENAME_EXCHANGE != 0 {
-            if let Some((dev, ino)) = displaced {
+        if let Some((dev, ino)) = displaced {
+            if flags & libc::RENAME_EXCHANGE != 0 {
                 self.inodes.moved(dev, ino, parent, name);
+            } else {
+                self.let_go_if_unlinked(dev, ino);
             }
         }
         Ok(())

@@ -115,7 +115,7 @@ impl DenseFs {
             min_savings: found.min_savings.unwrap_or(base.min_savings),
             checksum: found.checksum.unwrap_or(base.checksum),
             offload: found.offload.unwrap_or(base.offload),
-            cache_size: base.cache_size,
+            ..base
         };
         Ok(Effective { options, sources: sources.map(|s| s.unwrap_or(Source::Default)) })
     }

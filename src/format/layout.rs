@@ -106,6 +106,13 @@ impl Layout {
         HEADER_BLOCK + group * (self.slots_span() + BLOCK)
     }
 
+    /// The group whose region holds lower offset `off`: group 0's is block 0 and its slots,
+    /// a later group's is its table block and its slots.
+    pub fn lower_off_to_group(&self, off: u64) -> u64 {
+        let group0_end = HEADER_BLOCK + self.slots_span();
+        if off < group0_end { 0 } else { 1 + (off - group0_end) / (self.slots_span() + BLOCK) }
+    }
+
     /// Offset of the group's table (TABLE_SIZE bytes).
     pub fn group_to_table_off(&self, group: u64) -> u64 {
         if group == 0 { GROUP0_TABLE_OFF } else { self.group_to_slots_off(group) - BLOCK }
@@ -204,6 +211,30 @@ mod tests {
             }
             assert_eq!(layout.records_to_lower_len(3 * GROUP_RECORDS), regions.last().unwrap().1);
             assert_eq!(layout.records_to_lower_len(1), HEADER_BLOCK + GROUP_RECORDS * 2 * rs);
+        }
+    }
+
+    #[test]
+    fn every_lower_offset_belongs_to_the_group_whose_table_or_slot_holds_it() {
+        for shift in [12u8, 17, 20] {
+            let layout = Layout::from_shift(shift).unwrap();
+            assert_eq!(layout.lower_off_to_group(0), 0);
+            for group in 1..5u64 {
+                let table = layout.group_to_table_off(group);
+                assert_eq!(layout.lower_off_to_group(table), group);
+                assert_eq!(layout.lower_off_to_group(table - 1), group - 1);
+                let first = group * GROUP_RECORDS;
+                for record in [first, first + GROUP_RECORDS - 1] {
+                    for slot in 0..2 {
+                        let s = layout.record_to_slot_off(record, slot);
+                        assert_eq!(layout.lower_off_to_group(s), group);
+                        assert_eq!(layout.lower_off_to_group(s + layout.record_size() - 1), group);
+                    }
+                }
+            }
+            // Far away, without overflow: record 2^33's group.
+            let record = 1u64 << 33;
+            assert_eq!(layout.lower_off_to_group(layout.record_to_slot_off(record, 1)), layout.record_to_group(record));
         }
     }
 
