@@ -18,10 +18,10 @@
 //! - `user.densefs.recompress` (write-only, files): rewrite with the given or current settings.
 
 use super::error::check;
+use super::inodes::Node;
 use super::lower::{self, cstr};
 use super::props::{PROPS_XATTR, XATTR_PREFIX};
 use super::report::ReportKind;
-use super::inodes::Node;
 use super::{DenseFs, FsError, FsResult};
 use std::ffi::{CString, OsStr};
 use std::time::{Duration, Instant};
