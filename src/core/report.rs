@@ -6,6 +6,8 @@ use super::props::{self, format_recordsize, LocalProps, SETTABLE};
 use super::{DenseFs, FsError, FsResult, Kind, Options, ROOT};
 use crate::inspect::{inspect, FileStats, Problem};
 use serde_json::{json, Value};
+use std::collections::HashSet;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 /// Where a property's value comes from.
@@ -72,6 +74,9 @@ struct Walk {
     problems: Vec<Value>,
     problem_count: u64,
     datasets: Vec<Value>,
+    /// Lower (dev, ino) of the hard-linked files already counted: a file with several names is
+    /// counted once, under the first name the walk meets (as `du` does).
+    linked: HashSet<(u64, u64)>,
 }
 
 impl DenseFs {
@@ -175,6 +180,11 @@ impl DenseFs {
                 let child = self.walk(&entry.path(), &child_rel, verify, datasets, out);
                 subtree.add(&child);
             } else if kind.is_file() {
+                if let Ok(meta) = entry.metadata() {
+                    if meta.nlink() > 1 && !out.linked.insert((meta.dev(), meta.ino())) {
+                        continue;
+                    }
+                }
                 match std::fs::File::open(entry.path()).and_then(|f| inspect(&f, verify)) {
                     Ok(stats) => {
                         out.files += 1;
@@ -208,7 +218,8 @@ impl DenseFs {
     }
 
     /// The JSON report on one path: its kind, properties with sources, statistics of the file or
-    /// of the whole subtree, problems found (every record verified for `Scrub`), and for
+    /// of the whole subtree (each hard-linked file counted once; `files` counts inodes too),
+    /// problems found (every record verified for `Scrub`), and for
     /// `Datasets` the directories below that have local properties. `Properties` skips the
     /// statistics (no walk).
     pub fn report(&self, nodeid: u64, what: ReportKind) -> FsResult<String> {

@@ -1,9 +1,15 @@
-//! Extended attributes, passed through to the lower inode. Symlinks carry none (Linux allows
-//! only trusted.* and security.* on them, and the daemon cannot reach a symlink without
-//! following it through /proc).
+//! Extended attributes, passed through to the lower inode, symlinks included. Every call goes
+//! through the inode's own O_PATH descriptor as `/proc/self/fd/N` with the *following* xattr
+//! calls: following that magic link lands on the inode the descriptor holds (opened with
+//! O_NOFOLLOW, so for a symlink the link itself) and goes no further, so a symlink's target is
+//! never reached, and no name is resolved again (no rename race can swap the inode). The lower
+//! file system decides what a symlink may carry: Linux allows trusted.* and security.* and
+//! refuses user.* (EPERM to set, ENODATA to read), and that answer is passed through.
 //!
 //! The `user.densefs.` namespace is densefs's own and never reaches the lower inode: it is how
-//! the `densefs` command talks to the daemon.
+//! the `densefs` command talks to the daemon. On a symlink these names answer as user.* does on
+//! Linux symlinks (ENODATA to read, EPERM to set or remove) and never reach the lower inode
+//! (the kernel refuses them before they get here; this is the daemon's own guard).
 //! - `user.densefs.<property>`: read the effective value; set it (directories); remove it
 //!   (inherit again);
 //! - `user.densefs.properties`, `.report`, `.scrub`, `.datasets` (read-only): JSON reports (see
@@ -12,6 +18,7 @@
 //! - `user.densefs.recompress` (write-only, files): rewrite with the given or current settings.
 
 use super::error::check;
+use super::inodes::Node;
 use super::lower::{self, cstr};
 use super::props::{PROPS_XATTR, XATTR_PREFIX};
 use super::report::ReportKind;
@@ -27,12 +34,16 @@ fn own_name(name: &OsStr) -> Option<&str> {
 }
 
 impl DenseFs {
-    fn xattr_target(&self, nodeid: u64) -> FsResult<Option<CString>> {
+    /// The path the xattr calls take for `nodeid`, and the descriptor behind it (kept open, in
+    /// the returned node, while the call runs).
+    fn xattr_target(&self, nodeid: u64) -> FsResult<(Node, CString)> {
         let inode = self.inode(nodeid)?;
-        if inode.kind == libc::S_IFLNK {
-            return Ok(None);
-        }
-        Ok(Some(lower::proc_path(inode.raw_fd())))
+        let path = lower::proc_path(inode.raw_fd());
+        Ok((inode, path))
+    }
+
+    fn is_symlink(&self, nodeid: u64) -> FsResult<bool> {
+        Ok(self.inode(nodeid)?.kind == libc::S_IFLNK)
     }
 
     fn own_getxattr(&self, nodeid: u64, key: &str, probe: bool) -> FsResult<Vec<u8>> {
@@ -71,9 +82,12 @@ impl DenseFs {
     /// size and will ask again.
     pub fn getxattr(&self, nodeid: u64, name: &OsStr, probe: bool) -> FsResult<Vec<u8>> {
         if let Some(key) = own_name(name) {
+            if self.is_symlink(nodeid)? {
+                return Err(FsError::errno(libc::ENODATA));
+            }
             return self.own_getxattr(nodeid, key, probe);
         }
-        let Some(path) = self.xattr_target(nodeid)? else { return Err(FsError::errno(libc::ENODATA)) };
+        let (_node, path) = self.xattr_target(nodeid)?;
         let name = cstr(name)?;
         loop {
             let len = check(unsafe { libc::getxattr(path.as_ptr(), name.as_ptr(), std::ptr::null_mut(), 0) as libc::c_int })?;
@@ -93,7 +107,7 @@ impl DenseFs {
 
     /// The NUL-separated list of names.
     pub fn listxattr(&self, nodeid: u64) -> FsResult<Vec<u8>> {
-        let Some(path) = self.xattr_target(nodeid)? else { return Ok(Vec::new()) };
+        let (_node, path) = self.xattr_target(nodeid)?;
         loop {
             let len = check(unsafe { libc::listxattr(path.as_ptr(), std::ptr::null_mut(), 0) as libc::c_int })?;
             let mut buf = vec![0u8; len as usize];
@@ -110,13 +124,16 @@ impl DenseFs {
 
     pub fn setxattr(&self, nodeid: u64, name: &OsStr, value: &[u8], flags: i32) -> FsResult<()> {
         if let Some(key) = own_name(name) {
+            if self.is_symlink(nodeid)? {
+                return Err(FsError::new(libc::EPERM, "densefs's own attributes do not apply to symlinks"));
+            }
             let value = std::str::from_utf8(value).map_err(|_| FsError::new(libc::EINVAL, "property values are text"))?;
             if key == "recompress" {
                 return self.recompress(nodeid, value);
             }
             return self.set_property(nodeid, key, Some(value.trim()));
         }
-        let Some(path) = self.xattr_target(nodeid)? else { return Err(FsError::errno(libc::EPERM)) };
+        let (_node, path) = self.xattr_target(nodeid)?;
         let name = cstr(name)?;
         check(unsafe {
             libc::setxattr(path.as_ptr(), name.as_ptr(), value.as_ptr() as *const libc::c_void, value.len(), flags)
@@ -126,9 +143,12 @@ impl DenseFs {
 
     pub fn removexattr(&self, nodeid: u64, name: &OsStr) -> FsResult<()> {
         if let Some(key) = own_name(name) {
+            if self.is_symlink(nodeid)? {
+                return Err(FsError::new(libc::EPERM, "densefs's own attributes do not apply to symlinks"));
+            }
             return self.set_property(nodeid, key, None);
         }
-        let Some(path) = self.xattr_target(nodeid)? else { return Err(FsError::errno(libc::ENODATA)) };
+        let (_node, path) = self.xattr_target(nodeid)?;
         let name = cstr(name)?;
         check(unsafe { libc::removexattr(path.as_ptr(), name.as_ptr()) })?;
         Ok(())
