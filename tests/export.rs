@@ -225,9 +225,8 @@ fn dot_and_dotdot_lookups_of_the_root_and_unknown_nodes() {
 
 /// Whether the NFS server and client tools are here, installing them (Debian) if not.
 fn nfs_tools() -> Result<(), String> {
-    let have = || ["ganesha.nfsd", "nfs-cp", "nfs-cat", "rpcbind"].iter().all(|t| which(t))
-        && Path::new("/usr/lib/x86_64-linux-gnu/ganesha/libfsalvfs.so").exists()
-        || std::fs::read_dir("/usr/lib").into_iter().flatten().flatten().any(|d| d.path().join("ganesha/libfsalvfs.so").exists());
+    let vfs_fsal = || std::fs::read_dir("/usr/lib").into_iter().flatten().flatten().any(|d| d.path().join("ganesha/libfsalvfs.so").exists());
+    let have = || ["ganesha.nfsd", "nfs-cp", "nfs-cat", "rpcbind"].iter().all(|t| which(t)) && vfs_fsal();
     if have() {
         return Ok(());
     }
@@ -379,7 +378,7 @@ LOG {{ Default_Log_Level = EVENT; }}
         assert!(wait_for_port(nfs_port, 30), "ganesha did not listen; log:\n{}", std::fs::read_to_string(&log).unwrap_or_default());
         child
     };
-    let mut ganesha = Servers(vec![start_ganesha()]);
+    let ganesha = Servers(vec![start_ganesha()]);
     let url = |name: &str| format!("nfs://127.0.0.1{}/{name}?version=3&nfsport={nfs_port}&mountport={mnt_port}", d.mnt.display());
 
     let one = compressible(6 << 20, 11);
