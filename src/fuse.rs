@@ -78,10 +78,12 @@ fn set_time(t: Option<TimeOrNow>) -> Option<SetTime> {
     })
 }
 
+/// Entries carry the lower inode's generation, which the kernel puts in file handles and checks
+/// when it resolves one (NFS export).
 macro_rules! entry_reply {
-    ($reply:expr, $op:expr, $result:expr) => {
+    ($self:expr, $reply:expr, $op:expr, $result:expr) => {
         match $result {
-            Ok(attr) => $reply.entry(&TTL, &fuse_attr(&attr), Generation(0)),
+            Ok(attr) => $reply.entry(&TTL, &fuse_attr(&attr), Generation($self.fs.generation(attr.ino))),
             Err(e) => $reply.error(errno($op, e)),
         }
     };
@@ -101,6 +103,9 @@ impl Filesystem for FuseAdapter {
         let _ = config.set_max_write(MAX_WRITE);
         let _ = config.set_max_readahead(MAX_WRITE);
         let _ = config.add_capabilities(InitFlags::FUSE_PARALLEL_DIROPS);
+        // File handles that outlive the kernel's inode cache and the daemon (NFS export): the
+        // kernel resolves them with LOOKUP(node, ".") and LOOKUP(node, "..").
+        let _ = config.add_capabilities(InitFlags::FUSE_EXPORT_SUPPORT);
         Ok(())
     }
 
@@ -109,7 +114,7 @@ impl Filesystem for FuseAdapter {
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        entry_reply!(reply, "lookup", self.fs.lookup(parent.0, name))
+        entry_reply!(self, reply, "lookup", self.fs.lookup(parent.0, name))
     }
 
     fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
@@ -156,11 +161,11 @@ impl Filesystem for FuseAdapter {
     }
 
     fn mknod(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, _umask: u32, rdev: u32, reply: ReplyEntry) {
-        entry_reply!(reply, "mknod", self.fs.mknod(parent.0, name, mode, rdev, caller(req)))
+        entry_reply!(self, reply, "mknod", self.fs.mknod(parent.0, name, mode, rdev, caller(req)))
     }
 
     fn mkdir(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, _umask: u32, reply: ReplyEntry) {
-        entry_reply!(reply, "mkdir", self.fs.mkdir(parent.0, name, mode, caller(req)))
+        entry_reply!(self, reply, "mkdir", self.fs.mkdir(parent.0, name, mode, caller(req)))
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
@@ -172,7 +177,7 @@ impl Filesystem for FuseAdapter {
     }
 
     fn symlink(&self, req: &Request, parent: INodeNo, link_name: &OsStr, target: &Path, reply: ReplyEntry) {
-        entry_reply!(reply, "symlink", self.fs.symlink(parent.0, link_name, target, caller(req)))
+        entry_reply!(self, reply, "symlink", self.fs.symlink(parent.0, link_name, target, caller(req)))
     }
 
     fn rename(
@@ -189,7 +194,7 @@ impl Filesystem for FuseAdapter {
     }
 
     fn link(&self, _req: &Request, ino: INodeNo, newparent: INodeNo, newname: &OsStr, reply: ReplyEntry) {
-        entry_reply!(reply, "link", self.fs.link(ino.0, newparent.0, newname))
+        entry_reply!(self, reply, "link", self.fs.link(ino.0, newparent.0, newname))
     }
 
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
@@ -331,7 +336,10 @@ impl Filesystem for FuseAdapter {
         reply: ReplyCreate,
     ) {
         match self.fs.create(parent.0, name, mode, flags, caller(req)) {
-            Ok((attr, fh)) => reply.created(&TTL, &fuse_attr(&attr), Generation(0), FileHandle(fh), FopenFlags::FOPEN_KEEP_CACHE),
+            Ok((attr, fh)) => {
+                let generation = Generation(self.fs.generation(attr.ino));
+                reply.created(&TTL, &fuse_attr(&attr), generation, FileHandle(fh), FopenFlags::FOPEN_KEEP_CACHE)
+            }
             Err(e) => reply.error(errno("create", e)),
         }
     }

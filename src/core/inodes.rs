@@ -6,6 +6,15 @@
 //! needed again, checking that the same lower inode is found (else ESTALE). So a mount over a
 //! tree of millions of files needs no more descriptors than the budget.
 //!
+//! File handles (NFS export): the kernel may ask for a node it no longer has, by number alone
+//! (LOOKUP(node, ".")), after it forgot it or after a restart of the daemon. On an ext2/3/4
+//! lower such an inode is reopened by a constructed lower handle (FILEID_INO32_GEN, generation
+//! 0 = "any"); the kernel then compares the generation we report with its handle's. A directory
+//! found that way gets its place by walking ".." up to a known inode (and scanning each parent
+//! for the child's number); a non-directory has no known place: it is reopened by handle again
+//! after eviction, and properties resolve as at the root. Known inodes whose place is stale
+//! (renamed behind our back) are reopened the same way.
+//!
 //! Node ids (which FUSE also reports as st_ino) are the lower inode numbers, so `ls -i` agrees
 //! with the lower tree and stays the same across remounts. Exceptions get ids from a high range
 //! that is stable for the life of the mount: the root (always 1), a lower inode numbered 1, and
@@ -34,8 +43,9 @@ pub enum Content {
 }
 
 struct Place {
-    parent: u64,
-    name: OsString,
+    /// The directory and name it was last seen under; None for a non-directory found by its
+    /// number (a file handle) whose directory is unknown.
+    link: Option<(u64, OsString)>,
     fd: Option<Arc<OwnedFd>>,
 }
 
@@ -45,6 +55,9 @@ pub struct Inode {
     pub kind: u32,
     dev: u64,
     ino: u64,
+    /// The lower inode's generation (ext4's i_generation; 0 where unknown, and for the root),
+    /// reported to the kernel with each entry so that file handles detect reused numbers.
+    pub generation: u32,
     place: Mutex<Place>,
     last_used: AtomicU64,
     /// Open handles and their shared content. Guarded by its own lock, held while opening.
@@ -102,6 +115,9 @@ pub struct InodeTable {
     /// One mutex guards the maps; an inode's `place` has its own lock, taken after this one.
     inner: Mutex<Tables>,
     root_dev: u64,
+    /// A plain descriptor of the lower root for open_by_handle_at, when the lower file system
+    /// reopens inodes by number (ext2/3/4).
+    handle_root: Option<OwnedFd>,
     clock: AtomicU64,
     open_fds: AtomicUsize,
     fd_budget: usize,
@@ -119,12 +135,17 @@ fn errno(e: i32) -> io::Error {
 
 impl InodeTable {
     pub fn new(root_fd: OwnedFd, root_dev: u64, root_ino: u64, fd_budget: usize) -> InodeTable {
+        let handle_root = lower::reopen(root_fd.as_raw_fd(), libc::O_RDONLY | libc::O_DIRECTORY)
+            .ok()
+            .filter(|f| unsafe { libc::geteuid() } == 0 && lower::reopens_by_number(f.as_raw_fd()))
+            .map(OwnedFd::from);
         let root = Arc::new(Inode {
             nodeid: ROOT,
             kind: libc::S_IFDIR,
             dev: root_dev,
             ino: root_ino,
-            place: Mutex::new(Place { parent: ROOT, name: OsString::new(), fd: Some(Arc::new(root_fd)) }),
+            generation: 0, // the kernel made the root inode with generation 0
+            place: Mutex::new(Place { link: Some((ROOT, OsString::new())), fd: Some(Arc::new(root_fd)) }),
             last_used: AtomicU64::new(u64::MAX),
             open: Mutex::new(OpenState::default()),
         });
@@ -135,6 +156,7 @@ impl InodeTable {
         InodeTable {
             inner: Mutex::new(Tables { by_id, remapped, next_remapped: REMAPPED_BASE }),
             root_dev,
+            handle_root,
             clock: AtomicU64::new(0),
             open_fds: AtomicUsize::new(1),
             fd_budget: fd_budget.max(64),
@@ -156,20 +178,29 @@ impl InodeTable {
         if inode.nodeid != ROOT {
             inode.last_used.store(self.clock.fetch_add(1, Ordering::Relaxed), Ordering::Relaxed);
         }
-        let (parent, name) = {
+        let link = {
             let place = inode.place.lock();
             if let Some(fd) = &place.fd {
                 return Ok(fd.clone());
             }
-            (place.parent, place.name.clone())
+            place.link.clone()
         };
-        let parent = self.get(parent).ok_or_else(|| errno(libc::ESTALE))?;
-        let parent_fd = self.fd(&parent)?;
-        let fd = lower::open_path(parent_fd.as_raw_fd(), &name)?;
-        let st = lower::stat_fd(fd.as_raw_fd())?;
-        if (st.st_dev, st.st_ino) != (inode.dev, inode.ino) {
-            return Err(errno(libc::ESTALE)); // renamed or replaced behind our back
-        }
+        let by_name = match &link {
+            Some((parent, name)) => match self.get(*parent) {
+                Some(parent) => self.fd(&parent).and_then(|dir| lower::open_path(dir.as_raw_fd(), name)),
+                None => Err(errno(libc::ESTALE)),
+            },
+            None => Err(errno(libc::ESTALE)),
+        };
+        let same = |fd: &OwnedFd| lower::stat_fd(fd.as_raw_fd()).is_ok_and(|st| (st.st_dev, st.st_ino) == (inode.dev, inode.ino));
+        let fd = match by_name {
+            Ok(fd) if same(&fd) => fd,
+            // Renamed or replaced behind our back, or found by number: reopen it by number.
+            _ => match self.open_by_number(inode.dev, inode.ino, inode.generation) {
+                Some(fd) if same(&fd) => fd,
+                _ => return Err(errno(libc::ESTALE)),
+            },
+        };
         let fd = Arc::new(fd);
         {
             let mut place = inode.place.lock();
@@ -230,16 +261,23 @@ impl InodeTable {
 
     /// Registers one kernel lookup of `name` in `parent`, found as `fd`.
     pub fn remember(&self, parent: u64, name: &OsStr, fd: OwnedFd, st: &libc::stat) -> Arc<Inode> {
+        self.insert(Some((parent, name.to_os_string())), fd, st, 1)
+    }
+
+    /// Adds `lookups` kernel lookups to the inode `fd` (registering it if new); `link`, where
+    /// known, replaces its place.
+    fn insert(&self, link: Option<(u64, OsString)>, fd: OwnedFd, st: &libc::stat, lookups: u64) -> Arc<Inode> {
         let mut t = self.inner.lock();
         let id = self.nodeid_for(&mut t, st.st_dev, st.st_ino);
         if let Some(e) = t.by_id.get_mut(&id) {
-            e.lookups += 1;
+            e.lookups += lookups;
             let inode = e.inode.clone();
             drop(t);
             let cached_now = {
                 let mut place = inode.place.lock();
-                place.parent = parent;
-                place.name = name.to_os_string();
+                if link.is_some() {
+                    place.link = link;
+                }
                 let empty = place.fd.is_none();
                 if empty {
                     place.fd = Some(Arc::new(fd));
@@ -251,19 +289,120 @@ impl InodeTable {
             }
             return inode;
         }
+        drop(t);
+        let generation = if id == ROOT { 0 } else { lower::generation(fd.as_raw_fd()) };
+        let mut t = self.inner.lock();
+        if t.by_id.contains_key(&id) {
+            drop(t);
+            return self.insert(link, fd, st, lookups); // registered meanwhile
+        }
         let inode = Arc::new(Inode {
             nodeid: id,
             kind: st.st_mode & libc::S_IFMT,
             dev: st.st_dev,
             ino: st.st_ino,
-            place: Mutex::new(Place { parent, name: name.to_os_string(), fd: Some(Arc::new(fd)) }),
+            generation,
+            place: Mutex::new(Place { link, fd: Some(Arc::new(fd)) }),
             last_used: AtomicU64::new(self.clock.fetch_add(1, Ordering::Relaxed)),
             open: Mutex::new(OpenState::default()),
         });
-        t.by_id.insert(id, Entry { inode: inode.clone(), lookups: 1 });
+        t.by_id.insert(id, Entry { inode: inode.clone(), lookups });
         drop(t);
         self.opened_fd();
         inode
+    }
+
+    /// The node id of a lower inode the table holds, without assigning one.
+    fn known(&self, dev: u64, ino: u64) -> Option<u64> {
+        let t = self.inner.lock();
+        let id = match t.remapped.get(&(dev, ino)) {
+            Some(&id) => id,
+            None if dev == self.root_dev && ino != ROOT && ino < REMAPPED_BASE => ino,
+            None => return None,
+        };
+        t.by_id.contains_key(&id).then_some(id)
+    }
+
+    /// Adds one kernel lookup to a known node.
+    fn add_lookup(&self, nodeid: u64) -> Option<Arc<Inode>> {
+        let mut t = self.inner.lock();
+        let e = t.by_id.get_mut(&nodeid)?;
+        e.lookups += 1;
+        Some(e.inode.clone())
+    }
+
+    /// Opens a lower inode by number (and generation, 0 = any), if the lower file system allows.
+    fn open_by_number(&self, dev: u64, ino: u64, generation: u32) -> Option<OwnedFd> {
+        let root = self.handle_root.as_ref()?;
+        if dev != self.root_dev || ino > u32::MAX as u64 {
+            return None;
+        }
+        lower::open_by_number(root.as_raw_fd(), ino as u32, generation).ok()
+    }
+
+    /// Registers a lower inode found without a name (by number, or as a directory's ".."),
+    /// with `lookups` kernel lookups. A directory's place is found by walking "..".
+    fn register(&self, fd: OwnedFd, st: &libc::stat, lookups: u64) -> io::Result<Arc<Inode>> {
+        let link = if st.st_mode & libc::S_IFMT == libc::S_IFDIR { Some(self.link_of_dir(&fd, st)?) } else { None };
+        Ok(self.insert(link, fd, st, lookups))
+    }
+
+    /// A directory's parent node and name: its ".." (registered, without a kernel lookup, if
+    /// unknown) and the entry there with its number. ESTALE if the walk leaves the lower tree.
+    fn link_of_dir(&self, fd: &OwnedFd, st: &libc::stat) -> io::Result<(u64, OsString)> {
+        let parent_fd = lower::open_path(fd.as_raw_fd(), OsStr::new(".."))?;
+        let pst = lower::stat_fd(parent_fd.as_raw_fd())?;
+        let name = lower::name_of_ino(parent_fd.as_raw_fd(), st.st_ino).map_err(|_| errno(libc::ESTALE))?;
+        if let Some(id) = self.known(pst.st_dev, pst.st_ino) {
+            return Ok((id, name));
+        }
+        if (pst.st_dev, pst.st_ino) == (st.st_dev, st.st_ino) || pst.st_dev != self.root_dev {
+            return Err(errno(libc::ESTALE)); // reached the file system's root: not below ours
+        }
+        Ok((self.register(parent_fd, &pst, 0)?.nodeid, name))
+    }
+
+    /// One kernel lookup of a node by number alone (LOOKUP(node, "."), sent to resolve a file
+    /// handle whose inode the kernel does not hold). ESTALE if it cannot be found (deleted, or
+    /// a lower file system that cannot reopen inodes by number).
+    pub fn lookup_self(&self, nodeid: u64) -> io::Result<Arc<Inode>> {
+        if let Some(inode) = self.add_lookup(nodeid) {
+            return Ok(inode);
+        }
+        if nodeid >= REMAPPED_BASE {
+            return Err(errno(libc::ESTALE));
+        }
+        let fd = self.open_by_number(self.root_dev, nodeid, 0).ok_or_else(|| errno(libc::ESTALE))?;
+        let st = lower::stat_fd(fd.as_raw_fd())?;
+        if (st.st_dev, st.st_ino) != (self.root_dev, nodeid) {
+            return Err(errno(libc::ESTALE));
+        }
+        let inode = self.register(fd, &st, 1)?;
+        if inode.nodeid != nodeid {
+            self.forget(inode.nodeid, 1);
+            return Err(errno(libc::ESTALE));
+        }
+        Ok(inode)
+    }
+
+    /// One kernel lookup of a directory's parent (LOOKUP(node, "..")); the root's is the root.
+    pub fn lookup_parent(&self, nodeid: u64) -> io::Result<Arc<Inode>> {
+        if nodeid == ROOT {
+            return self.add_lookup(ROOT).ok_or_else(|| errno(libc::ESTALE));
+        }
+        let node = self.node(nodeid)?;
+        if node.kind != libc::S_IFDIR {
+            return Err(errno(libc::ENOTDIR));
+        }
+        let parent_fd = lower::open_path(node.raw_fd(), OsStr::new(".."))?;
+        let pst = lower::stat_fd(parent_fd.as_raw_fd())?;
+        if let Some(inode) = self.known(pst.st_dev, pst.st_ino).and_then(|id| self.add_lookup(id)) {
+            return Ok(inode);
+        }
+        if (pst.st_dev, pst.st_ino) == (node.dev, node.ino) || pst.st_dev != self.root_dev {
+            return Err(errno(libc::ESTALE));
+        }
+        self.register(parent_fd, &pst, 1)
     }
 
     /// Records that the entry `name` in `parent` now lives at `new_parent`/`new_name`.
@@ -274,20 +413,19 @@ impl InodeTable {
             t.by_id.get(&id).map(|e| e.inode.clone())
         };
         if let Some(inode) = inode {
-            let mut place = inode.place.lock();
-            place.parent = new_parent;
-            place.name = new_name.to_os_string();
+            inode.place.lock().link = Some((new_parent, new_name.to_os_string()));
         }
     }
 
-    /// The directory an inode was last seen in (the root is its own parent).
+    /// The directory an inode was last seen in (the root is its own parent); None if unknown
+    /// (a non-directory found through a file handle).
     pub fn parent_of(&self, nodeid: u64) -> Option<u64> {
-        self.get(nodeid).map(|inode| inode.place.lock().parent)
+        self.get(nodeid).and_then(|inode| inode.place.lock().link.as_ref().map(|(parent, _)| *parent))
     }
 
     /// The name an inode was last seen under.
     pub fn name_of(&self, nodeid: u64) -> Option<OsString> {
-        self.get(nodeid).map(|inode| inode.place.lock().name.clone())
+        self.get(nodeid).and_then(|inode| inode.place.lock().link.as_ref().map(|(_, name)| name.clone()))
     }
 
     pub fn forget(&self, nodeid: u64, n: u64) {

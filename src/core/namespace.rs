@@ -16,12 +16,20 @@ fn hidden(name: &OsStr, errno: i32) -> FsResult<()> {
 
 impl DenseFs {
     /// Looks a name up and registers the kernel's reference to it.
+    /// "." and ".." come from the kernel resolving file handles (NFS export): the node itself,
+    /// possibly unknown to us since a forget or a restart, and a directory's parent.
     pub fn lookup(&self, parent: u64, name: &OsStr) -> FsResult<Attr> {
         hidden(name, libc::ENOENT)?;
-        let dir = self.inode(parent)?;
-        let fd = lower::open_path(dir.raw_fd(), name)?;
-        let st = lower::stat_fd(fd.as_raw_fd())?;
-        let inode = self.inodes.remember(parent, name, fd, &st);
+        let inode = match name.as_bytes() {
+            b"." => self.inodes.lookup_self(parent)?,
+            b".." => self.inodes.lookup_parent(parent)?,
+            _ => {
+                let dir = self.inode(parent)?;
+                let fd = lower::open_path(dir.raw_fd(), name)?;
+                let st = lower::stat_fd(fd.as_raw_fd())?;
+                self.inodes.remember(parent, name, fd, &st)
+            }
+        };
         match self.inode(inode.nodeid).and_then(|node| self.attr_of(&node)) {
             Ok(attr) => Ok(attr),
             Err(e) => {
@@ -29,6 +37,11 @@ impl DenseFs {
                 Err(e)
             }
         }
+    }
+
+    /// The generation to report with a node's entry (the lower inode's; 0 if unknown).
+    pub fn generation(&self, nodeid: u64) -> u64 {
+        self.inodes.get(nodeid).map_or(0, |inode| inode.generation as u64)
     }
 
     /// Gives a just-created entry to the caller (the daemon runs as root) and looks it up.

@@ -1,0 +1,440 @@
+//! NFS export: kernel file handles of densefs files stay valid after the kernel drops its
+//! caches and after the daemon restarts (what an NFS server such as nfs-ganesha relies on), and
+//! a real nfs-ganesha exporting a densefs mount serves files through those events.
+
+mod common;
+
+use common::{compressible, Dirs, Mount};
+use std::ffi::CString;
+use std::fs::File;
+use std::io::{Read, Write};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A kernel file handle as name_to_handle_at returns it.
+#[derive(Clone)]
+struct Handle {
+    kind: i32,
+    bytes: Vec<u8>,
+}
+
+#[repr(C)]
+struct RawHandle {
+    bytes: u32,
+    kind: i32,
+    data: [u8; 128],
+}
+
+fn handle_of(path: &Path) -> Handle {
+    let c = CString::new(path.as_os_str().as_bytes()).unwrap();
+    let mut h = RawHandle { bytes: 128, kind: 0, data: [0; 128] };
+    let mut mount_id = 0;
+    let r = unsafe {
+        libc::name_to_handle_at(libc::AT_FDCWD, c.as_ptr(), &mut h as *mut RawHandle as *mut libc::file_handle, &mut mount_id, 0)
+    };
+    assert_eq!(r, 0, "name_to_handle_at {}: {}", path.display(), std::io::Error::last_os_error());
+    Handle { kind: h.kind, bytes: h.data[..h.bytes as usize].to_vec() }
+}
+
+fn open_by_handle(mount: &Path, h: &Handle, flags: i32) -> std::io::Result<OwnedFd> {
+    let mnt = File::open(mount).unwrap();
+    let mut raw = RawHandle { bytes: h.bytes.len() as u32, kind: h.kind, data: [0; 128] };
+    raw.data[..h.bytes.len()].copy_from_slice(&h.bytes);
+    let fd = unsafe {
+        libc::open_by_handle_at(mnt.as_raw_fd(), &mut raw as *mut RawHandle as *mut libc::file_handle, flags | libc::O_CLOEXEC)
+    };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+fn ino_of(fd: &OwnedFd) -> u64 {
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    let r = unsafe { libc::fstatat(fd.as_raw_fd(), c"".as_ptr(), &mut st, libc::AT_EMPTY_PATH | libc::AT_SYMLINK_NOFOLLOW) };
+    assert_eq!(r, 0);
+    st.st_ino
+}
+
+fn drop_caches() {
+    unsafe { libc::sync() };
+    std::fs::write("/proc/sys/vm/drop_caches", "3").expect("drop caches (needs root)");
+    // FORGETs reach the daemon asynchronously; give them a moment.
+    std::thread::sleep(Duration::from_millis(200));
+}
+
+/// Whether the lower file system (ext2/3/4) lets densefs reopen inodes by number, which handles
+/// need after a forget or a restart. Elsewhere they work only while the kernel holds the inode.
+fn lower_reopens_by_number(lower: &Path) -> bool {
+    let c = CString::new(lower.as_os_str().as_bytes()).unwrap();
+    let mut sfs: libc::statfs = unsafe { std::mem::zeroed() };
+    unsafe { libc::statfs(c.as_ptr(), &mut sfs) == 0 && sfs.f_type as i64 == 0xEF53 }
+}
+
+fn is_root() -> bool {
+    unsafe { libc::geteuid() == 0 }
+}
+
+struct Tree {
+    file: Handle,
+    file_ino: u64,
+    big: Handle,
+    big_ino: u64,
+    dir: Handle,
+    dir_ino: u64,
+    link: Handle,
+    link_ino: u64,
+    doomed: Handle,
+}
+
+/// Opens every handle of `t` through the mount at `mnt` and checks it is the same file.
+fn check_handles(mnt: &Path, t: &Tree, big: &[u8], when: &str) {
+    let fd = open_by_handle(mnt, &t.file, libc::O_RDONLY).unwrap_or_else(|e| panic!("{when}: file handle: {e}"));
+    assert_eq!(ino_of(&fd), t.file_ino, "{when}: file st_ino");
+    let mut s = String::new();
+    File::from(fd).read_to_string(&mut s).unwrap();
+    assert_eq!(s, "hello through a handle\n", "{when}: file content");
+
+    let fd = open_by_handle(mnt, &t.big, libc::O_RDONLY).unwrap_or_else(|e| panic!("{when}: big file handle: {e}"));
+    assert_eq!(ino_of(&fd), t.big_ino, "{when}: big st_ino");
+    let mut data = Vec::new();
+    File::from(fd).read_to_end(&mut data).unwrap();
+    assert!(data == big, "{when}: big file content differs");
+
+    let fd = open_by_handle(mnt, &t.dir, libc::O_RDONLY | libc::O_DIRECTORY).unwrap_or_else(|e| panic!("{when}: dir handle: {e}"));
+    assert_eq!(ino_of(&fd), t.dir_ino, "{when}: dir st_ino");
+    // A directory comes back connected to the tree (the kernel walked ".." up to the root).
+    let path = std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd())).unwrap();
+    assert_eq!(path, mnt.join("a/b"), "{when}: dir path");
+    let mut names: Vec<String> =
+        std::fs::read_dir(format!("/proc/self/fd/{}", fd.as_raw_fd())).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+    names.sort();
+    assert_eq!(names, ["big.fastq", "file.txt"], "{when}: dir listing");
+
+    // A symlink opens only with O_PATH (open_by_handle_at never follows it).
+    let fd = open_by_handle(mnt, &t.link, libc::O_PATH).unwrap_or_else(|e| panic!("{when}: symlink handle: {e}"));
+    assert_eq!(ino_of(&fd), t.link_ino, "{when}: symlink st_ino");
+    let mut buf = [0u8; 256];
+    let n = unsafe { libc::readlinkat(fd.as_raw_fd(), c"".as_ptr(), buf.as_mut_ptr() as *mut libc::c_char, buf.len()) };
+    assert!(n > 0, "{when}: readlink: {}", std::io::Error::last_os_error());
+    assert_eq!(&buf[..n as usize], b"b/file.txt", "{when}: symlink target");
+
+    // The deleted file's number may be reused by a new file: its handle must not open that.
+    match open_by_handle(mnt, &t.doomed, libc::O_RDONLY) {
+        Err(e) => assert_eq!(e.raw_os_error(), Some(libc::ESTALE), "{when}: deleted file's handle: {e}"),
+        Ok(fd) => panic!("{when}: a deleted file's handle opened inode {}", ino_of(&fd)),
+    }
+}
+
+#[test]
+fn handles_survive_drop_caches_and_restart() {
+    if !is_root() {
+        println!("SKIP: file handles need root (open_by_handle_at needs CAP_DAC_READ_SEARCH)");
+        return;
+    }
+    let d = Dirs::new();
+    let by_number = lower_reopens_by_number(&d.lower);
+    let m = Mount::new(&d.lower, &d.mnt, "");
+    std::fs::create_dir_all(m.path("a/b")).unwrap();
+    std::fs::write(m.path("a/b/file.txt"), "hello through a handle\n").unwrap();
+    let big = compressible(3 << 20, 7);
+    std::fs::write(m.path("a/b/big.fastq"), &big).unwrap();
+    std::os::unix::fs::symlink("b/file.txt", m.path("a/link")).unwrap();
+    std::fs::write(m.path("a/doomed"), "soon gone\n").unwrap();
+
+    let t = Tree {
+        file: handle_of(&m.path("a/b/file.txt")),
+        file_ino: std::fs::metadata(m.path("a/b/file.txt")).unwrap().ino(),
+        big: handle_of(&m.path("a/b/big.fastq")),
+        big_ino: std::fs::metadata(m.path("a/b/big.fastq")).unwrap().ino(),
+        dir: handle_of(&m.path("a/b")),
+        dir_ino: std::fs::metadata(m.path("a/b")).unwrap().ino(),
+        link: handle_of(&m.path("a/link")),
+        link_ino: std::fs::symlink_metadata(m.path("a/link")).unwrap().ino(),
+        doomed: handle_of(&m.path("a/doomed")),
+    };
+    let doomed_ino = std::fs::metadata(m.path("a/doomed")).unwrap().ino();
+    std::fs::remove_file(m.path("a/doomed")).unwrap();
+    // Often gets the freed inode number: then only the generation tells them apart.
+    std::fs::write(m.path("a/reuser"), "not the doomed file\n").unwrap();
+    let reused = std::fs::metadata(m.path("a/reuser")).unwrap().ino() == doomed_ino;
+    println!("deleted file's inode number reused by a new file: {reused}");
+
+    check_handles(&d.mnt, &t, &big, "while cached");
+    if !by_number {
+        println!("SKIP (rest): the lower file system is not ext2/3/4; handles work only while the kernel holds the inode");
+        return;
+    }
+    drop_caches();
+    check_handles(&d.mnt, &t, &big, "after drop_caches");
+
+    m.unmount();
+    let m = Mount::new(&d.lower, &d.mnt, "");
+    check_handles(&d.mnt, &t, &big, "after a daemon restart");
+    drop_caches();
+    check_handles(&d.mnt, &t, &big, "after a restart and drop_caches");
+
+    // Writing through a file reopened by handle (its directory unknown to the daemon).
+    drop_caches();
+    m.unmount();
+    let m = Mount::new(&d.lower, &d.mnt, "");
+    {
+        let fd = open_by_handle(&d.mnt, &t.file, libc::O_WRONLY | libc::O_TRUNC).expect("open for writing by handle");
+        File::from(fd).write_all(b"rewritten by handle\n").unwrap();
+    }
+    assert_eq!(std::fs::read_to_string(m.path("a/b/file.txt")).unwrap(), "rewritten by handle\n");
+    assert_eq!(std::fs::read_to_string(m.path("a/reuser")).unwrap(), "not the doomed file\n");
+    m.unmount();
+}
+
+#[test]
+fn dot_and_dotdot_lookups_of_the_root_and_unknown_nodes() {
+    if !is_root() {
+        println!("SKIP: file handles need root");
+        return;
+    }
+    let d = Dirs::new();
+    let m = Mount::new(&d.lower, &d.mnt, "");
+    std::fs::create_dir_all(m.path("x/y/z")).unwrap();
+    let root = handle_of(&d.mnt);
+    let deep = handle_of(&m.path("x/y/z"));
+    let z_ino = std::fs::metadata(m.path("x/y/z")).unwrap().ino();
+    drop_caches();
+    let fd = open_by_handle(&d.mnt, &root, libc::O_RDONLY | libc::O_DIRECTORY).expect("root handle");
+    assert_eq!(std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd())).unwrap(), d.mnt);
+    drop(fd);
+    if lower_reopens_by_number(&d.lower) {
+        m.unmount();
+        let m = Mount::new(&d.lower, &d.mnt, "");
+        let fd = open_by_handle(&d.mnt, &deep, libc::O_RDONLY | libc::O_DIRECTORY).expect("deep dir handle after restart");
+        assert_eq!(ino_of(&fd), z_ino);
+        assert_eq!(std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd())).unwrap(), m.path("x/y/z"));
+        // ".." from a directory found by handle, as a process walking up would.
+        let up = std::fs::metadata(format!("/proc/self/fd/{}/..", fd.as_raw_fd())).unwrap();
+        assert_eq!(up.ino(), std::fs::metadata(m.path("x/y")).unwrap().ino());
+        drop(fd);
+        m.unmount();
+    } else {
+        m.unmount();
+    }
+}
+
+/// Whether the NFS server and client tools are here, installing them (Debian) if not.
+fn nfs_tools() -> Result<(), String> {
+    let vfs_fsal = || std::fs::read_dir("/usr/lib").into_iter().flatten().flatten().any(|d| d.path().join("ganesha/libfsalvfs.so").exists());
+    let have = || ["ganesha.nfsd", "nfs-cp", "nfs-cat", "rpcbind"].iter().all(|t| which(t)) && vfs_fsal();
+    if have() {
+        return Ok(());
+    }
+    println!("installing nfs-ganesha, nfs-ganesha-vfs, libnfs-utils, rpcbind");
+    let ok = Command::new("sh")
+        .args(["-c", "export DEBIAN_FRONTEND=noninteractive; (apt-get install -y -qq nfs-ganesha nfs-ganesha-vfs libnfs-utils rpcbind || (apt-get update -qq && apt-get install -y -qq nfs-ganesha nfs-ganesha-vfs libnfs-utils rpcbind)) >/dev/null 2>&1"])
+        .status()
+        .is_ok_and(|s| s.success());
+    if ok && have() { Ok(()) } else { Err("nfs-ganesha, nfs-ganesha-vfs, libnfs-utils or rpcbind cannot be installed".into()) }
+}
+
+fn which(tool: &str) -> bool {
+    std::env::var_os("PATH")
+        .is_some_and(|p| std::env::split_paths(&p).chain(["/usr/sbin".into(), "/sbin".into()]).any(|d| d.join(tool).exists()))
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// Processes the test started (ganesha, rpcbind): killed on drop.
+struct Servers(Vec<std::process::Child>);
+
+impl Drop for Servers {
+    fn drop(&mut self) {
+        for c in self.0.iter_mut().rev() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+fn rpcbind_running() -> bool {
+    std::net::TcpStream::connect_timeout(&"127.0.0.1:111".parse().unwrap(), Duration::from_secs(1)).is_ok()
+}
+
+fn wait_for_port(port: u16, secs: u64) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    while Instant::now() < deadline {
+        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    false
+}
+
+fn sha256(data: &[u8]) -> String {
+    let mut child = Command::new("sha256sum").stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().expect("sha256sum");
+    let mut stdin = child.stdin.take().unwrap();
+    let data = data.to_vec();
+    let writer = std::thread::spawn(move || stdin.write_all(&data));
+    let out = child.wait_with_output().unwrap();
+    writer.join().unwrap().unwrap();
+    String::from_utf8(out.stdout).unwrap().split_whitespace().next().unwrap().to_string()
+}
+
+/// Runs a libnfs tool; on failure shows the end of ganesha's log (`log`).
+fn nfs(log: &Path, tool: &str, args: &[&str]) -> Vec<u8> {
+    let out = Command::new("timeout").arg("30").arg(tool).args(args).stderr(Stdio::piped()).output().expect(tool);
+    if !out.status.success() {
+        let text = std::fs::read_to_string(log).unwrap_or_default();
+        let tail: Vec<&str> = text.lines().filter(|l| !l.contains("DBUS") && !l.contains("TIRPC")).collect();
+        panic!(
+            "{tool} {args:?}: {}\n{}\nganesha log (end):\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr),
+            tail[tail.len().saturating_sub(15)..].join("\n")
+        );
+    }
+    out.stdout
+}
+
+/// nfs-ganesha (VFS FSAL) exports a densefs mount over NFSv3; libnfs's nfs-cp / nfs-cat write
+/// and read through it, across dropped kernel caches and a restart of the densefs daemon.
+#[test]
+fn nfs_ganesha_exports_a_densefs_mount() {
+    if !is_root() {
+        println!("SKIP: nfs-ganesha and file handles need root");
+        return;
+    }
+    if let Err(why) = nfs_tools() {
+        println!("SKIP: {why}");
+        return;
+    }
+    let start = Instant::now();
+    let d = Dirs::new();
+    let m = Mount::new(&d.lower, &d.mnt, "");
+    let work = d.root.path();
+    let mut servers = Servers(Vec::new());
+    // libnfs finds nothing without the portmapper, and ganesha will not serve NFSv3 without
+    // registering there (NFSv4 in libnfs 4.0 cannot write more than ~2 KB at a time).
+    if !rpcbind_running() {
+        servers.0.push(Command::new("rpcbind").args(["-f", "-w"]).stderr(Stdio::null()).spawn().expect("start rpcbind"));
+        assert!(wait_for_port(111, 10), "rpcbind did not start");
+    }
+    let (nfs_port, mnt_port) = (free_port(), free_port());
+    std::fs::create_dir(work.join("recovery")).unwrap();
+    let conf = work.join("ganesha.conf");
+    std::fs::write(
+        &conf,
+        format!(
+            r#"NFS_CORE_PARAM {{
+    Protocols = 3;
+    NFS_Port = {nfs_port};
+    MNT_Port = {mnt_port};
+    Bind_addr = 127.0.0.1;
+    Enable_NLM = false;
+    Enable_RQUOTA = false;
+}}
+NFSv4 {{
+    Graceless = true;
+    RecoveryBackend = fs;
+    RecoveryRoot = "{recovery}";
+}}
+EXPORT {{
+    Export_Id = 1;
+    Path = "{mnt}";
+    Pseudo = "/dense";
+    Access_Type = RW;
+    Squash = No_Root_Squash;
+    Protocols = 3;
+    Transports = TCP;
+    SecType = sys;
+    FSAL {{ Name = VFS; }}
+}}
+LOG {{ Default_Log_Level = EVENT; }}
+"#,
+            recovery = work.join("recovery").display(),
+            mnt = d.mnt.display()
+        ),
+    )
+    .unwrap();
+    let log = work.join("ganesha.log");
+    let start_ganesha = || {
+        let child = Command::new("ganesha.nfsd")
+            .arg("-F")
+            .arg("-f")
+            .arg(&conf)
+            .arg("-L")
+            .arg(&log)
+            .arg("-p")
+            .arg(work.join("ganesha.pid"))
+            .args(["-N", "NIV_EVENT"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start ganesha.nfsd");
+        assert!(wait_for_port(nfs_port, 30), "ganesha did not listen; log:\n{}", std::fs::read_to_string(&log).unwrap_or_default());
+        child
+    };
+    let ganesha = Servers(vec![start_ganesha()]);
+    let url = |name: &str| format!("nfs://127.0.0.1{}/{name}?version=3&nfsport={nfs_port}&mountport={mnt_port}", d.mnt.display());
+
+    let one = compressible(6 << 20, 11);
+    let two = common::random_bytes(1 << 20, 12);
+    std::fs::write(work.join("one.fastq"), &one).unwrap();
+    std::fs::write(work.join("two.bin"), &two).unwrap();
+    nfs(&log, "nfs-cp", &[work.join("one.fastq").to_str().unwrap(), &url("one.fastq")]);
+    assert_eq!(sha256(&nfs(&log, "nfs-cat", &[&url("one.fastq")])), sha256(&one), "read back over NFS");
+    assert_eq!(sha256(&std::fs::read(m.path("one.fastq")).unwrap()), sha256(&one), "read back through the mount");
+
+    drop_caches();
+    assert_eq!(sha256(&nfs(&log, "nfs-cat", &[&url("one.fastq")])), sha256(&one), "read over NFS after drop_caches");
+
+    // Restart the densefs daemon under the running ganesha. ganesha keeps descriptors open on
+    // the mount (its export root among them), so a clean unmount is refused (busy): make the
+    // data durable (fsync through the mount), detach the mount, kill the daemon, mount again.
+    File::open(m.path("one.fastq")).unwrap().sync_all().unwrap();
+    let status = Command::new("fusermount3").args(["-u", "-z"]).arg(&d.mnt).status().unwrap();
+    assert!(status.success(), "lazy unmount");
+    m.kill();
+    let m = Mount::new(&d.lower, &d.mnt, "");
+    let _show = Show(m.log.clone());
+    // The handles ganesha holds are fine, but its descriptor of the export's root (opened at
+    // startup, and the mount fd for open_by_handle_at) belongs to the dead mount: lookups and
+    // reads of what it already knows may still work, anything needing the root fails with
+    // ENOTCONN until ganesha opens the export again.
+    let read = Command::new("timeout").arg("30").arg("nfs-cat").arg(url("one.fastq")).stderr(Stdio::null()).output().unwrap();
+    println!(
+        "after a densefs restart under a running ganesha: nfs-cat {}",
+        if read.status.success() && sha256(&read.stdout) == sha256(&one) { "returns the right data" } else { "fails" }
+    );
+    let created = Command::new("timeout").arg("30").arg("nfs-cp").arg(work.join("two.bin")).arg(url("two.bin")).stderr(Stdio::null()).status().unwrap();
+    println!("after a densefs restart under a running ganesha: nfs-cp (CREATE) {}", if created.success() { "works" } else { "fails" });
+
+    // ganesha restarted (an NFS server restart): it opens the export again and reaches files
+    // by the handles it stored; nothing of the earlier densefs session is left in the kernel.
+    drop(ganesha);
+    let ganesha = Servers(vec![start_ganesha()]);
+    assert_eq!(sha256(&nfs(&log, "nfs-cat", &[&url("one.fastq")])), sha256(&one), "read over NFS after both restarted");
+    nfs(&log, "nfs-cp", &[work.join("two.bin").to_str().unwrap(), &url("two.bin")]);
+    assert_eq!(sha256(&nfs(&log, "nfs-cat", &[&url("two.bin")])), sha256(&two), "write after a daemon restart");
+    drop_caches();
+    assert_eq!(sha256(&std::fs::read(m.path("two.bin")).unwrap()), sha256(&two), "written over NFS, read through the mount");
+    assert_eq!(sha256(&nfs(&log, "nfs-cat", &[&url("one.fastq")])), sha256(&one), "read over NFS at the end");
+
+    drop(ganesha); // lets go of the mount
+    drop(servers);
+    m.unmount();
+    println!("ganesha test took {:.1}s", start.elapsed().as_secs_f64());
+}
+
+struct Show(std::path::PathBuf);
+impl Drop for Show {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("densefs log:\n{}", std::fs::read_to_string(&self.0).unwrap_or_default());
+        }
+    }
+}
