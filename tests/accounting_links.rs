@@ -54,8 +54,10 @@ fn a_hard_linked_file_is_counted_once() {
     fs::hard_link(linked.join("file"), linked.join("l2")).unwrap();
     fs::hard_link(linked.join("file"), linked.join("sub/l3")).unwrap();
     assert_eq!(fs::metadata(linked.join("sub/l3")).unwrap().nlink(), 4);
-    // Let the lower file system allocate what it delayed (st_blocks).
+    // Let the lower file system allocate what it delayed (st_blocks: extent blocks appear at
+    // writeback), then wait out the kernel's attribute cache (1 s) so the mount shows them too.
     Command::new("sync").status().unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(1100));
 
     let lower_file = fs::metadata(d.lower.join("linked/file")).unwrap();
     let used = lower_file.blocks() * 512;

@@ -195,7 +195,11 @@ fn lower_io_errors_reach_the_caller_as_eio_never_as_wrong_data() {
     // Writes: the writer hears EIO (at write, fsync or close); the data is kept, and lands once
     // the lower file can be written again.
     let w = compressible(3 << 20, 7);
-    assert!(is_eio(fs::write(m.path("x.eio-write"), b"x")), "creating a container on a failing file is EIO");
+    // Creating writes nothing to the lower (an empty file stays empty): the first data does.
+    let mut x = fs::File::create(m.path("x.eio-write")).unwrap();
+    x.write_all(b"x").unwrap();
+    assert!(is_eio(x.sync_all()), "the first write to a failing file is EIO at fsync");
+    drop(x);
     fs::write(m.path("w"), b"").unwrap();
     let f = OpenOptions::new().read(true).write(true).open(m.path("w")).unwrap();
     f.write_all_at(b"start", 0).unwrap();

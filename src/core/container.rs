@@ -1051,7 +1051,8 @@ impl Container {
             }
         }
         self.write_header(&mut st)?;
-        let emptied = st.size == 0 && st.header_on_disk;
+        // Only a run that wrote: a reader never writes (its descriptor is read-only).
+        let emptied = st.size == 0 && st.header_on_disk && st.wrote;
         drop(st);
         if emptied {
             self.cut_to_empty()?;
@@ -1122,7 +1123,13 @@ impl Container {
             durable_below: st.durable_below,
             heal_from: st.persisted_heal_from(),
         };
-        lower::pwrite_all(&self.lower, &header.encode(), Header::copy_offset(sequence))?;
+        let encoded = header.encode();
+        if st.header_on_disk {
+            lower::pwrite_all(&self.lower, &encoded, Header::copy_offset(sequence))?;
+        } else {
+            // A new file's first header fills both copies: each write after it replaces one.
+            lower::pwrite_all(&self.lower, &[encoded.as_slice(), encoded.as_slice()].concat(), 0)?;
+        }
         st.header_seq = sequence;
         st.persisted_size = st.size;
         st.header_stale = false;

@@ -35,7 +35,10 @@ impl DenseFs {
         apply_spec(&mut settings, spec)?;
         let mut open = node.open.lock();
         let content = match &open.content {
-            Some(c) => c.clone(),
+            Some(c) => {
+                c.make_writable(node.raw_fd())?; // readers may have it open read-only
+                c.clone()
+            }
             None => self.load_content(&node, true)?,
         };
         if let Content::Container(c) = &content {
