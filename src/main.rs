@@ -190,6 +190,9 @@ enum BenchWhat {
 }
 
 fn main() -> ExitCode {
+    // Output piped into `head` ends the command quietly, as for any Unix tool, instead of a
+    // panic in println!; `mount` sets SIGPIPE back to ignored for its daemon.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
     let argv0 = std::env::args_os().next().map(PathBuf::from);
     if argv0.as_deref().and_then(Path::file_name).is_some_and(|n| n == "mount.densefs") {
         return finish(mount_helper(std::env::args().skip(1).collect()));
@@ -366,11 +369,9 @@ fn bench_engine(backend: &str, compression: &[String], recordsize: &str, threads
 }
 
 fn densefs_mounts() -> Vec<PathBuf> {
-    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-    info.lines()
-        .filter_map(|l| l.split(' ').nth(4).map(|p| PathBuf::from(p.replace("\\040", " "))))
-        .filter(|p| densefs::mount::mount_source(p).is_some())
-        .collect()
+    let mut points: Vec<PathBuf> = densefs::mount::mountinfo().into_iter().filter(|m| m.is_densefs()).map(|m| m.point).collect();
+    points.dedup();
+    points
 }
 
 fn list(recursive: bool, scripted: bool, parsable: bool, json: bool, paths: Vec<PathBuf>) -> Result<(), String> {
