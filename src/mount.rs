@@ -188,6 +188,15 @@ fn run_fusermount(args: &[&str], mountpoint: &Path) -> Result<(), String> {
     }
 }
 
+/// `densefs mount` and mount.densefs: a new mount, or with `remount` among the options a change
+/// to a live one.
+pub fn mount_or_remount(lower: &Path, mountpoint: &Path, options: &str, foreground: bool, log: Option<PathBuf>) -> Result<(), String> {
+    if is_remount(options) {
+        return remount(mountpoint, options);
+    }
+    mount(lower, mountpoint, parse_mount_options(options)?, foreground, log)
+}
+
 pub fn mount(lower: &Path, mountpoint: &Path, config: MountConfig, foreground: bool, mut log: Option<PathBuf>) -> Result<(), String> {
     // The daemon must outlive whatever read its output: a write to a closed pipe is an error, not
     // a death (the command line resets SIGPIPE to its default for the other commands).
@@ -566,6 +575,101 @@ fn unescape(field: &str) -> std::ffi::OsString {
         }
     }
     std::ffi::OsString::from_vec(out)
+}
+
+/// Is `remount` among the options (`mount -o remount,ro`)?
+pub fn is_remount(options: &str) -> bool {
+    options.split(',').any(|o| o.trim() == "remount")
+}
+
+/// `mount -o remount,...`: changes what the kernel can change on a live mount (ro/rw, nosuid,
+/// nodev, noexec, atime flags, sync, dirsync). densefs's own options are fixed at mount time;
+/// given with their current value (as mount(8) does from an fstab line) they are accepted.
+pub fn remount(mountpoint: &Path, options: &str) -> Result<(), String> {
+    let mountpoint = std::fs::canonicalize(mountpoint).map_err(|e| format!("mount point {}: {e}", mountpoint.display()))?;
+    let entry = densefs_mount_at(&mountpoint).ok_or_else(|| format!("{} is not a densefs mount", mountpoint.display()))?;
+    let flag = |name: &str| -> Option<(libc::c_ulong, bool)> {
+        Some(match name {
+            "ro" => (libc::MS_RDONLY, true),
+            "rw" => (libc::MS_RDONLY, false),
+            "nosuid" => (libc::MS_NOSUID, true),
+            "suid" => (libc::MS_NOSUID, false),
+            "nodev" => (libc::MS_NODEV, true),
+            "dev" => (libc::MS_NODEV, false),
+            "noexec" => (libc::MS_NOEXEC, true),
+            "exec" => (libc::MS_NOEXEC, false),
+            "noatime" => (libc::MS_NOATIME, true),
+            "atime" => (libc::MS_NOATIME, false),
+            "nodiratime" => (libc::MS_NODIRATIME, true),
+            "diratime" => (libc::MS_NODIRATIME, false),
+            "relatime" => (libc::MS_RELATIME, true),
+            "norelatime" => (libc::MS_RELATIME, false),
+            "strictatime" => (libc::MS_STRICTATIME, true),
+            "sync" => (libc::MS_SYNCHRONOUS, true),
+            "async" => (libc::MS_SYNCHRONOUS, false),
+            "dirsync" => (libc::MS_DIRSYNC, true),
+            _ => return None,
+        })
+    };
+    // Start from the mount's flags as they are: MS_REMOUNT sets all of them.
+    let mut flags: libc::c_ulong = 0;
+    for o in entry.mount_options.split(',').chain(entry.super_options.split(',')) {
+        if let Some((bit, true)) = flag(o) {
+            flags |= bit;
+        }
+    }
+    let mut fixed = Vec::new();
+    for item in options.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        let (key, value) = item.split_once('=').unwrap_or((item, ""));
+        if let Some((bit, on)) = flag(item) {
+            if on { flags |= bit } else { flags &= !bit }
+            if bit == libc::MS_STRICTATIME {
+                flags &= !(libc::MS_RELATIME | libc::MS_NOATIME);
+            }
+            continue;
+        }
+        match key {
+            "remount" | "defaults" | "auto" | "noauto" | "nofail" | "_netdev" | "user" | "users" | "default_permissions" => {}
+            // What the kernel shows of a FUSE mount, passed back by mount(8) (merged from mountinfo).
+            "user_id" | "group_id" | "rootmode" | "max_read" | "blksize" | "fd" | "fsname" | "subtype" => {}
+            "allow_other" | "allow_root" if entry.super_options.split(',').any(|o| o == "allow_other") => {}
+            "compression" | "compress" | "recordsize" | "checksum" | "min_savings" | "offload" => {
+                parse_mount_options(item)?;
+                let name = if key == "compress" { "compression" } else { key };
+                let live = crate::admin::report(&mountpoint, "properties")
+                    .ok()
+                    .and_then(|r| r["properties"][name]["value"].as_str().map(String::from));
+                let same = live.as_deref().is_some_and(|v| parse_mount_options(&format!("{name}={v}")) == parse_mount_options(item));
+                if !same {
+                    return Err(format!(
+                        "{key}={value}: {name} cannot change on a live mount (it is {}); `densefs set {name}={value} {}` \
+                         applies it to files created from now on, or unmount and mount again",
+                        live.as_deref().unwrap_or("unknown"),
+                        mountpoint.display()
+                    ));
+                }
+            }
+            _ => {
+                parse_mount_options(item)?;
+                fixed.push(item.to_string());
+            }
+        }
+    }
+    if !fixed.is_empty() {
+        eprintln!("densefs: {}: cannot change on a live mount, left as they were (unmount and mount again to change them)", fixed.join(","));
+    }
+    let r = unsafe { libc::mount(cpath(&entry.source).as_ptr(), cpath(&mountpoint).as_ptr(), std::ptr::null(), flags | libc::MS_REMOUNT, std::ptr::null()) };
+    if r != 0 {
+        let e = std::io::Error::last_os_error();
+        return Err(match e.raw_os_error() {
+            Some(libc::EBUSY) if flags & libc::MS_RDONLY != 0 => {
+                format!("cannot remount {} read-only: files are open for writing on it", mountpoint.display())
+            }
+            Some(libc::EPERM) => format!("cannot remount {}: only root can ({e})", mountpoint.display()),
+            _ => format!("cannot remount {}: {e}", mountpoint.display()),
+        });
+    }
+    Ok(())
 }
 
 /// Unmounts, then waits for the daemon to finish writing back and makes the lower durable.
