@@ -321,12 +321,10 @@ fn serve(
     mut ready: Option<File>,
     log: Option<PathBuf>,
 ) -> Result<(), String> {
+    // The daemon tells the waiting parent; in the foreground the caller prints the error.
     let fail = |ready: &mut Option<File>, msg: String| {
-        match ready.as_mut() {
-            Some(pipe) => {
-                let _ = pipe.write_all(msg.as_bytes());
-            }
-            None => eprintln!("densefs: {msg}"),
+        if let Some(pipe) = ready.as_mut() {
+            let _ = pipe.write_all(msg.as_bytes());
         }
         msg
     };
