@@ -225,7 +225,8 @@ fn mount_o_remount_changes_ro_rw_and_explains_what_cannot_change() {
     // scripts/install does) there through a read-only overlay, in this namespace only.
     let script = r#"
         set -u
-        mkdir -p "$T/sbin"
+        mkdir -p "$T/sbin" "$T/varlog"
+        mount --bind "$T/varlog" /var/log || exit 9
         ln -s "$BIN" "$T/sbin/mount.densefs"; ln -s "$BIN" "$T/sbin/mount.fuse.densefs"
         mount -t overlay overlay -o "lowerdir=$T/sbin:/usr/sbin" /usr/sbin || exit 9
         mount -t densefs -o compression=zstd-3 "$T/lower" "$T/mnt" 2>/dev/null || exit 10
