@@ -53,6 +53,7 @@ pub fn report(path: &Path, kind: &str) -> Result<Value, String> {
 /// `densefs set PROP=VALUE... DIR`
 pub fn set(assignments: &[String], dir: &Path) -> Result<(), String> {
     let p = cpath(dir)?;
+    require_densefs(dir)?;
     for a in assignments {
         let (name, value) = a.split_once('=').ok_or_else(|| format!("'{a}': expected PROPERTY=VALUE"))?;
         // Check here too, for a message better than EINVAL.
@@ -74,6 +75,7 @@ pub fn inherit(name: &str, dir: &Path) -> Result<(), String> {
         return Err(format!("'{name}' cannot be inherited (settable: {})", SETTABLE.join(", ")));
     }
     let p = cpath(dir)?;
+    require_densefs(dir)?;
     let r = unsafe { libc::removexattr(p.as_ptr(), xattr_name(name).as_ptr()) };
     if r != 0 && std::io::Error::last_os_error().raw_os_error() != Some(libc::ENODATA) {
         return Err(os_error(dir, &format!("cannot inherit {name}")));
@@ -111,15 +113,19 @@ pub fn ratio(stats: &Value) -> f64 {
 /// The mount point of the densefs mount holding `path`, if any.
 pub fn mountpoint_of(path: &Path) -> Option<PathBuf> {
     let path = std::fs::canonicalize(path).ok()?;
-    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
-    info.lines()
-        .filter_map(|line| {
-            let fields: Vec<&str> = line.split(' ').collect();
-            let point = PathBuf::from(fields.get(4)?.replace("\\040", " "));
-            crate::mount::mount_source(&point)?;
-            path.starts_with(&point).then_some(point)
-        })
-        .max_by_key(|p| p.as_os_str().len())
+    let mounts = crate::mount::mountinfo();
+    // The deepest mount point above the path; densefs only if the top mount there is.
+    let point = mounts.iter().filter(|m| path.starts_with(&m.point)).map(|m| &m.point).max_by_key(|p| p.as_os_str().len())?;
+    mounts.iter().rev().find(|m| &m.point == point).filter(|m| m.is_densefs()).map(|m| m.point.clone())
+}
+
+/// Refuses paths outside densefs mounts (else `set` would quietly write a plain user xattr).
+fn require_densefs(path: &Path) -> Result<(), String> {
+    std::fs::symlink_metadata(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    if mountpoint_of(path).is_none() {
+        return Err(format!("{}: not on a densefs mount (see `densefs list` for the mounts)", path.display()));
+    }
+    Ok(())
 }
 
 /// A mount-relative path from a report, shown as a full path.

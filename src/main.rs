@@ -1,4 +1,4 @@
-//! The `densefs` command line (also run as `mount.densefs` by mount(8)).
+//! The `densefs` command line (also run as `mount.densefs` and `mount.fuse.densefs` by mount(8)).
 
 use clap::{CommandFactory, Parser, Subcommand};
 use densefs::admin::{self, human, print_table, property_rows, ratio};
@@ -190,14 +190,18 @@ enum BenchWhat {
 }
 
 fn main() -> ExitCode {
+    // Output piped into `head` ends the command quietly, as for any Unix tool, instead of a
+    // panic in println!; `mount` sets SIGPIPE back to ignored for its daemon.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
     let argv0 = std::env::args_os().next().map(PathBuf::from);
-    if argv0.as_deref().and_then(Path::file_name).is_some_and(|n| n == "mount.densefs") {
+    if argv0.as_deref().and_then(Path::file_name).is_some_and(|n| n == "mount.densefs" || n == "mount.fuse.densefs") {
         return finish(mount_helper(std::env::args().skip(1).collect()));
     }
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Mount { foreground, options, log, lower, mountpoint } => densefs::mount::parse_mount_options(&options.join(","))
-            .and_then(|config| densefs::mount::mount(&lower, &mountpoint, config, foreground, log)),
+        Command::Mount { foreground, options, log, lower, mountpoint } => {
+            densefs::mount::mount_or_remount(&lower, &mountpoint, &options.join(","), foreground, log)
+        }
         Command::Umount { mountpoint } => densefs::mount::umount(&mountpoint),
         Command::Set { assignments, directory } => admin::set(&assignments, &directory),
         Command::Inherit { property, directory } => admin::inherit(&property, &directory),
@@ -236,7 +240,8 @@ fn finish(result: Result<(), String>) -> ExitCode {
     }
 }
 
-/// mount(8) runs `mount.densefs LOWER MOUNTPOINT [-sfnv] [-o OPTIONS] [-t TYPE]`.
+/// mount(8) runs `mount.densefs LOWER MOUNTPOINT [-sfnv] [-o OPTIONS] [-t TYPE]` (and, for a
+/// mount it finds as type fuse.densefs, as for `mount -o remount`, `mount.fuse.densefs`).
 fn mount_helper(args: Vec<String>) -> Result<(), String> {
     let mut positional = Vec::new();
     let mut options = Vec::new();
@@ -252,11 +257,13 @@ fn mount_helper(args: Vec<String>) -> Result<(), String> {
             _ => positional.push(a),
         }
     }
+    if let ([mountpoint], true) = (positional.as_slice(), densefs::mount::is_remount(&options.join(","))) {
+        return densefs::mount::remount(Path::new(mountpoint), &options.join(","));
+    }
     let [lower, mountpoint] = positional.as_slice() else {
         return Err("usage: mount.densefs LOWER MOUNTPOINT [-o OPTIONS]".into());
     };
-    let config = densefs::mount::parse_mount_options(&options.join(","))?;
-    densefs::mount::mount(Path::new(lower), Path::new(mountpoint), config, false, None)
+    densefs::mount::mount_or_remount(Path::new(lower), Path::new(mountpoint), &options.join(","), false, None)
 }
 
 fn get(scripted: bool, parsable: bool, columns: &[String], json: bool, properties: &str, paths: &[PathBuf]) -> Result<(), String> {
@@ -366,11 +373,9 @@ fn bench_engine(backend: &str, compression: &[String], recordsize: &str, threads
 }
 
 fn densefs_mounts() -> Vec<PathBuf> {
-    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-    info.lines()
-        .filter_map(|l| l.split(' ').nth(4).map(|p| PathBuf::from(p.replace("\\040", " "))))
-        .filter(|p| densefs::mount::mount_source(p).is_some())
-        .collect()
+    let mut points: Vec<PathBuf> = densefs::mount::mountinfo().into_iter().filter(|m| m.is_densefs()).map(|m| m.point).collect();
+    points.dedup();
+    points
 }
 
 fn list(recursive: bool, scripted: bool, parsable: bool, json: bool, paths: Vec<PathBuf>) -> Result<(), String> {

@@ -12,6 +12,7 @@ use std::fs::File;
 use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd};
 use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -161,12 +162,7 @@ fn build_engine(config: &MountConfig) -> Result<Engine, String> {
 
 /// Is some densefs mount serving `lower` right now?
 fn is_served(lower: &Path) -> bool {
-    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-    info.lines().any(|line| {
-        let fields: Vec<&str> = line.split(' ').collect();
-        let sep = fields.iter().position(|f| *f == "-");
-        sep.and_then(|s| fields.get(s + 2)).is_some_and(|src| Path::new(&unescape(src)) == lower)
-    })
+    mountinfo().iter().any(|m| m.is_densefs() && m.source == lower)
 }
 
 /// A mount point left behind by a killed daemon answers ENOTCONN: detach it.
@@ -198,7 +194,19 @@ fn run_fusermount(args: &[&str], mountpoint: &Path) -> Result<(), String> {
     }
 }
 
-pub fn mount(lower: &Path, mountpoint: &Path, config: MountConfig, foreground: bool, log: Option<PathBuf>) -> Result<(), String> {
+/// `densefs mount` and mount.densefs: a new mount, or with `remount` among the options a change
+/// to a live one.
+pub fn mount_or_remount(lower: &Path, mountpoint: &Path, options: &str, foreground: bool, log: Option<PathBuf>) -> Result<(), String> {
+    if is_remount(options) {
+        return remount(mountpoint, options);
+    }
+    mount(lower, mountpoint, parse_mount_options(options)?, foreground, log)
+}
+
+pub fn mount(lower: &Path, mountpoint: &Path, config: MountConfig, foreground: bool, mut log: Option<PathBuf>) -> Result<(), String> {
+    // The daemon must outlive whatever read its output: a write to a closed pipe is an error, not
+    // a death (the command line resets SIGPIPE to its default for the other commands).
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_IGN) };
     let lower = std::fs::canonicalize(lower).map_err(|e| format!("lower directory {}: {e}", lower.display()))?;
     if !lower.is_dir() {
         return Err(format!("lower path {} is not a directory", lower.display()));
@@ -207,6 +215,13 @@ pub fn mount(lower: &Path, mountpoint: &Path, config: MountConfig, foreground: b
     let mountpoint = std::fs::canonicalize(mountpoint).map_err(|e| format!("mount point {}: {e}", mountpoint.display()))?;
     if !mountpoint.is_dir() {
         return Err(format!("mount point {} is not a directory", mountpoint.display()));
+    }
+    if let Some(existing) = densefs_mount_at(&mountpoint) {
+        return Err(format!(
+            "{} already holds a densefs mount (of {}): unmount it first (densefs umount {0})",
+            mountpoint.display(),
+            existing.source.display()
+        ));
     }
     if lower != mountpoint && (lower.starts_with(&mountpoint) || mountpoint.starts_with(&lower)) {
         // Mounting over the lower directory itself works (the daemon holds it open first);
@@ -224,6 +239,13 @@ pub fn mount(lower: &Path, mountpoint: &Path, config: MountConfig, foreground: b
             Err(_) => return Err(format!("{} is already served by another densefs daemon", lower.display())),
         }
     };
+    if !foreground && log.is_none() && !syslog_available() {
+        log = fallback_log(&mountpoint);
+        match &log {
+            Some(path) => eprintln!("densefs: no syslog (/dev/log): the daemon logs to {}", path.display()),
+            None => eprintln!("densefs: no syslog (/dev/log) and no writable log directory: the daemon will not log (use --log FILE)"),
+        }
+    }
     if foreground {
         return serve(&lower, &mountpoint, &config, lock, None, log);
     }
@@ -257,6 +279,34 @@ pub fn mount(lower: &Path, mountpoint: &Path, config: MountConfig, foreground: b
     }
 }
 
+/// Can syslog(3) reach a daemon on /dev/log (datagram or stream, as glibc tries)?
+fn syslog_available() -> bool {
+    let dgram = std::os::unix::net::UnixDatagram::unbound().and_then(|s| s.connect("/dev/log"));
+    dgram.is_ok() || std::os::unix::net::UnixStream::connect("/dev/log").is_ok()
+}
+
+/// Where a daemon logs without syslog: `/var/log/densefs/MOUNTPOINT.log` for root,
+/// `$XDG_STATE_HOME/densefs/` (`~/.local/state/densefs/`) for others, else the temporary
+/// directory; the mount point's path names the file (`/srv/data` -> `srv-data.log`).
+fn fallback_log(mountpoint: &Path) -> Option<PathBuf> {
+    let name = mountpoint.to_string_lossy().trim_matches('/').replace('/', "-");
+    let name = format!("{}.log", if name.is_empty() { "root" } else { &name });
+    let mut dirs = Vec::new();
+    if unsafe { libc::geteuid() } == 0 {
+        dirs.push(PathBuf::from("/var/log/densefs"));
+    } else if let Some(state) = std::env::var_os("XDG_STATE_HOME").filter(|s| !s.is_empty()) {
+        dirs.push(PathBuf::from(state).join("densefs"));
+    } else if let Some(home) = std::env::var_os("HOME").filter(|s| !s.is_empty()) {
+        dirs.push(PathBuf::from(home).join(".local/state/densefs"));
+    }
+    dirs.push(std::env::temp_dir().join(format!("densefs-{}", unsafe { libc::geteuid() })));
+    dirs.into_iter().map(|d| d.join(&name)).find(|path| {
+        let dir = path.parent().expect("BUG: a log path has a directory");
+        std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir).is_ok()
+            && std::fs::OpenOptions::new().create(true).append(true).open(path).is_ok()
+    })
+}
+
 fn block_termination_signals() -> libc::sigset_t {
     unsafe {
         let mut set: libc::sigset_t = std::mem::zeroed();
@@ -277,12 +327,10 @@ fn serve(
     mut ready: Option<File>,
     log: Option<PathBuf>,
 ) -> Result<(), String> {
+    // The daemon tells the waiting parent; in the foreground the caller prints the error.
     let fail = |ready: &mut Option<File>, msg: String| {
-        match ready.as_mut() {
-            Some(pipe) => {
-                let _ = pipe.write_all(msg.as_bytes());
-            }
-            None => eprintln!("densefs: {msg}"),
+        if let Some(pipe) = ready.as_mut() {
+            let _ = pipe.write_all(msg.as_bytes());
         }
         msg
     };
@@ -310,9 +358,21 @@ fn serve(
     fuse_config.acl = if config.allow_other { SessionACL::All } else { SessionACL::Owner };
     fuse_config.n_threads = Some(config.threads);
     fuse_config.clone_fd = true;
-    let session = match fuser::Session::new(FuseAdapter::new(fs.clone()), mountpoint, &fuse_config) {
+    let adapter = FuseAdapter::new(fs.clone());
+    let session = if unsafe { libc::geteuid() } == 0 {
+        // Root mounts with its own mount(2), as libfuse does, so that the type is fuse.densefs
+        // (fuser passes plain "fuse" and drops the subtype).
+        kernel_mount(lower, mountpoint, config).and_then(|fd| {
+            fuser::Session::from_fd(adapter, fd, fuse_config.acl, fuse_config.clone()).inspect_err(|_| {
+                unsafe { libc::umount2(cpath(mountpoint).as_ptr(), libc::MNT_DETACH) };
+            })
+        })
+    } else {
+        fuser::Session::new(adapter, mountpoint, &fuse_config)
+    };
+    let session = match session {
         Ok(s) => s,
-        Err(e) => return Err(fail(&mut ready, format!("cannot mount {}: {e}", mountpoint.display()))),
+        Err(e) => return Err(fail(&mut ready, format!("cannot mount {}: {}", mountpoint.display(), explain_mount_error(&e)))),
     };
     let flusher = Arc::downgrade(&fs);
     std::thread::Builder::new()
@@ -393,6 +453,76 @@ fn end_after_signal(session_ended: &std::sync::atomic::AtomicBool, fs: &Arc<Dens
     std::process::exit(1);
 }
 
+/// Mounts /dev/fuse on `mountpoint` as type `fuse.densefs` with source `lower` (root only) and
+/// returns the opened device for the session.
+fn kernel_mount(lower: &Path, mountpoint: &Path, config: &MountConfig) -> std::io::Result<std::os::fd::OwnedFd> {
+    use std::os::unix::fs::MetadataExt;
+    let dev = File::options().read(true).write(true).open("/dev/fuse")?;
+    let rootmode = std::fs::metadata(mountpoint)?.mode() & libc::S_IFMT;
+    let mut data = format!(
+        "fd={},rootmode={rootmode:o},user_id={},group_id={},default_permissions",
+        dev.as_raw_fd(),
+        unsafe { libc::getuid() },
+        unsafe { libc::getgid() }
+    );
+    if config.allow_other {
+        data.push_str(",allow_other");
+    }
+    let mut flags = libc::MS_NOSUID | libc::MS_NODEV;
+    for option in &config.fuse_options {
+        match option {
+            MountOption::RO => flags |= libc::MS_RDONLY,
+            MountOption::RW => flags &= !libc::MS_RDONLY,
+            MountOption::Suid => flags &= !libc::MS_NOSUID,
+            MountOption::NoSuid => flags |= libc::MS_NOSUID,
+            MountOption::Dev => flags &= !libc::MS_NODEV,
+            MountOption::NoDev => flags |= libc::MS_NODEV,
+            MountOption::Exec => flags &= !libc::MS_NOEXEC,
+            MountOption::NoExec => flags |= libc::MS_NOEXEC,
+            MountOption::Atime => flags &= !libc::MS_NOATIME,
+            MountOption::NoAtime => flags |= libc::MS_NOATIME,
+            MountOption::Sync => flags |= libc::MS_SYNCHRONOUS,
+            MountOption::Async => flags &= !libc::MS_SYNCHRONOUS,
+            MountOption::DirSync => flags |= libc::MS_DIRSYNC,
+            _ => {}
+        }
+    }
+    let data = CString::new(data).expect("BUG: no NUL in mount data");
+    let r = unsafe {
+        libc::mount(cpath(lower).as_ptr(), cpath(mountpoint).as_ptr(), c"fuse.densefs".as_ptr(), flags, data.as_ptr() as *const libc::c_void)
+    };
+    if r != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(dev.into())
+}
+
+/// A mount error with what to do about it: permission problems name /dev/fuse and fuse.conf.
+fn explain_mount_error(e: &std::io::Error) -> String {
+    use std::os::unix::fs::MetadataExt;
+    let text = e.to_string().trim().to_string();
+    if text.contains("user_allow_other") {
+        return format!(
+            "{text}: allow_other (other users may enter the mount) needs a line `user_allow_other` in /etc/fuse.conf \
+             for mounts by users other than root; add it as root, or mount without -o allow_other"
+        );
+    }
+    let denied = e.kind() == std::io::ErrorKind::PermissionDenied || matches!(e.raw_os_error(), Some(libc::EACCES | libc::EPERM));
+    let usable = unsafe { libc::access(c"/dev/fuse".as_ptr(), libc::R_OK | libc::W_OK) } == 0;
+    match std::fs::metadata("/dev/fuse") {
+        Err(_) => format!("{text}: /dev/fuse is missing: load the fuse module (modprobe fuse)"),
+        Ok(meta) if denied && !usable => format!(
+            "{text}: /dev/fuse is mode {:04o} (owner uid {}, group gid {}), so uid {} cannot open it: \
+             make it usable by all (chmod 0666 /dev/fuse, as udev's rule for fuse does), or mount as root",
+            meta.mode() & 0o7777,
+            meta.uid(),
+            meta.gid(),
+            unsafe { libc::getuid() }
+        ),
+        Ok(_) => text,
+    }
+}
+
 /// The daemon holds one O_PATH descriptor per inode the kernel remembers: allow as many as the
 /// system does (root may raise the hard limit up to fs.nr_open; others get their hard limit).
 fn raise_fd_limit() {
@@ -416,42 +546,170 @@ fn quiet_stdio() {
     }
 }
 
-/// The lower directory a densefs mount point serves (its mount source).
-pub fn mount_source(mountpoint: &Path) -> Option<PathBuf> {
-    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
-    for line in info.lines() {
-        let fields: Vec<&str> = line.split(' ').collect();
-        let Some(sep) = fields.iter().position(|f| *f == "-") else { continue };
-        let point = unescape(fields.get(4)?);
-        let fstype = fields.get(sep + 1)?;
-        let source = PathBuf::from(unescape(fields.get(sep + 2)?));
-        // As root the kernel records plain "fuse" (the subtype needs fusermount); the source is
-        // then the lower directory.
-        let ours = *fstype == "fuse.densefs" || (*fstype == "fuse" && source.is_dir());
-        if Path::new(&point) == mountpoint && ours {
-            return Some(source);
-        }
-    }
-    None
+/// One line of /proc/self/mountinfo, its fields unescaped.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MountEntry {
+    pub point: PathBuf,
+    /// Per-mount options (`rw,nosuid,nodev,relatime`).
+    pub mount_options: String,
+    pub fstype: String,
+    pub source: PathBuf,
+    /// Per-superblock options (`rw,user_id=0,...`).
+    pub super_options: String,
 }
 
-fn unescape(field: &str) -> String {
-    let mut out = String::new();
-    let mut chars = field.chars().peekable();
-    while let Some(c) = chars.next() {
-        if c == '\\' {
-            let code: String = chars.by_ref().take(3).collect();
-            if let Ok(n) = u8::from_str_radix(&code, 8) {
-                out.push(n as char);
-                continue;
+impl MountEntry {
+    /// A densefs mount: `fuse.densefs`, or plain `fuse` whose source is a directory (root mounts
+    /// made by densefs before it mounted with its own type, through fuser).
+    pub fn is_densefs(&self) -> bool {
+        self.fstype == "fuse.densefs" || (self.fstype == "fuse" && self.source.is_dir())
+    }
+}
+
+/// Parses one mountinfo line: `ID PARENT MAJ:MIN ROOT POINT OPTIONS [OPTIONAL...] - TYPE SOURCE SUPER`.
+pub fn parse_mountinfo_line(line: &str) -> Option<MountEntry> {
+    let fields: Vec<&str> = line.split(' ').collect();
+    let sep = fields.iter().position(|f| *f == "-")?;
+    Some(MountEntry {
+        point: PathBuf::from(unescape(fields.get(4)?)),
+        mount_options: fields.get(5)?.to_string(),
+        fstype: unescape(fields.get(sep + 1)?).to_string_lossy().into_owned(),
+        source: PathBuf::from(unescape(fields.get(sep + 2)?)),
+        super_options: fields.get(sep + 3).map_or(String::new(), |s| s.to_string()),
+    })
+}
+
+/// This process's mounts, in mount order (a later entry on the same point is on top).
+pub fn mountinfo() -> Vec<MountEntry> {
+    std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default().lines().filter_map(parse_mountinfo_line).collect()
+}
+
+/// The densefs mount whose mount point is `mountpoint` (the top one, if several are stacked).
+pub fn densefs_mount_at(mountpoint: &Path) -> Option<MountEntry> {
+    mountinfo().into_iter().rev().find(|m| m.point == mountpoint).filter(MountEntry::is_densefs)
+}
+
+/// The lower directory a densefs mount point serves (its mount source).
+pub fn mount_source(mountpoint: &Path) -> Option<PathBuf> {
+    densefs_mount_at(mountpoint).map(|m| m.source)
+}
+
+/// Decodes the kernel's octal escapes (`\040` space, `\011` tab, `\012` newline, `\134` backslash).
+fn unescape(field: &str) -> std::ffi::OsString {
+    use std::os::unix::ffi::OsStringExt;
+    let bytes = field.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let code = bytes.get(i + 1..i + 4).filter(|c| c.iter().all(|b| (b'0'..=b'7').contains(b)));
+        match (bytes[i], code) {
+            (b'\\', Some(c)) => {
+                let n = c.iter().fold(0u32, |n, b| n * 8 + u32::from(b - b'0'));
+                out.push(n as u8);
+                i += 4;
             }
-            out.push(c);
-            out.push_str(&code);
-        } else {
-            out.push(c);
+            (b, _) => {
+                out.push(b);
+                i += 1;
+            }
         }
     }
-    out
+    std::ffi::OsString::from_vec(out)
+}
+
+/// Is `remount` among the options (`mount -o remount,ro`)?
+pub fn is_remount(options: &str) -> bool {
+    options.split(',').any(|o| o.trim() == "remount")
+}
+
+/// `mount -o remount,...`: changes what the kernel can change on a live mount (ro/rw, nosuid,
+/// nodev, noexec, atime flags, sync, dirsync). densefs's own options are fixed at mount time;
+/// given with their current value (as mount(8) does from an fstab line) they are accepted.
+pub fn remount(mountpoint: &Path, options: &str) -> Result<(), String> {
+    let mountpoint = std::fs::canonicalize(mountpoint).map_err(|e| format!("mount point {}: {e}", mountpoint.display()))?;
+    let entry = densefs_mount_at(&mountpoint).ok_or_else(|| format!("{} is not a densefs mount", mountpoint.display()))?;
+    let flag = |name: &str| -> Option<(libc::c_ulong, bool)> {
+        Some(match name {
+            "ro" => (libc::MS_RDONLY, true),
+            "rw" => (libc::MS_RDONLY, false),
+            "nosuid" => (libc::MS_NOSUID, true),
+            "suid" => (libc::MS_NOSUID, false),
+            "nodev" => (libc::MS_NODEV, true),
+            "dev" => (libc::MS_NODEV, false),
+            "noexec" => (libc::MS_NOEXEC, true),
+            "exec" => (libc::MS_NOEXEC, false),
+            "noatime" => (libc::MS_NOATIME, true),
+            "atime" => (libc::MS_NOATIME, false),
+            "nodiratime" => (libc::MS_NODIRATIME, true),
+            "diratime" => (libc::MS_NODIRATIME, false),
+            "relatime" => (libc::MS_RELATIME, true),
+            "norelatime" => (libc::MS_RELATIME, false),
+            "strictatime" => (libc::MS_STRICTATIME, true),
+            "sync" => (libc::MS_SYNCHRONOUS, true),
+            "async" => (libc::MS_SYNCHRONOUS, false),
+            "dirsync" => (libc::MS_DIRSYNC, true),
+            _ => return None,
+        })
+    };
+    // Start from the mount's flags as they are: MS_REMOUNT sets all of them.
+    let mut flags: libc::c_ulong = 0;
+    for o in entry.mount_options.split(',').chain(entry.super_options.split(',')) {
+        if let Some((bit, true)) = flag(o) {
+            flags |= bit;
+        }
+    }
+    let mut fixed = Vec::new();
+    for item in options.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        let (key, value) = item.split_once('=').unwrap_or((item, ""));
+        if let Some((bit, on)) = flag(item) {
+            if on { flags |= bit } else { flags &= !bit }
+            if bit == libc::MS_STRICTATIME {
+                flags &= !(libc::MS_RELATIME | libc::MS_NOATIME);
+            }
+            continue;
+        }
+        match key {
+            "remount" | "defaults" | "auto" | "noauto" | "nofail" | "_netdev" | "user" | "users" | "default_permissions" => {}
+            // What the kernel shows of a FUSE mount, passed back by mount(8) (merged from mountinfo).
+            "user_id" | "group_id" | "rootmode" | "max_read" | "blksize" | "fd" | "fsname" | "subtype" => {}
+            "allow_other" | "allow_root" if entry.super_options.split(',').any(|o| o == "allow_other") => {}
+            "compression" | "compress" | "recordsize" | "checksum" | "min_savings" | "offload" => {
+                parse_mount_options(item)?;
+                let name = if key == "compress" { "compression" } else { key };
+                let live = crate::admin::report(&mountpoint, "properties")
+                    .ok()
+                    .and_then(|r| r["properties"][name]["value"].as_str().map(String::from));
+                let same = live.as_deref().is_some_and(|v| parse_mount_options(&format!("{name}={v}")) == parse_mount_options(item));
+                if !same {
+                    return Err(format!(
+                        "{key}={value}: {name} cannot change on a live mount (it is {}); `densefs set {name}={value} {}` \
+                         applies it to files created from now on, or unmount and mount again",
+                        live.as_deref().unwrap_or("unknown"),
+                        mountpoint.display()
+                    ));
+                }
+            }
+            _ => {
+                parse_mount_options(item)?;
+                fixed.push(item.to_string());
+            }
+        }
+    }
+    if !fixed.is_empty() {
+        eprintln!("densefs: {}: cannot change on a live mount, left as they were (unmount and mount again to change them)", fixed.join(","));
+    }
+    let r = unsafe { libc::mount(cpath(&entry.source).as_ptr(), cpath(&mountpoint).as_ptr(), std::ptr::null(), flags | libc::MS_REMOUNT, std::ptr::null()) };
+    if r != 0 {
+        let e = std::io::Error::last_os_error();
+        return Err(match e.raw_os_error() {
+            Some(libc::EBUSY) if flags & libc::MS_RDONLY != 0 => {
+                format!("cannot remount {} read-only: files are open for writing on it", mountpoint.display())
+            }
+            Some(libc::EPERM) => format!("cannot remount {}: only root can ({e})", mountpoint.display()),
+            _ => format!("cannot remount {}: {e}", mountpoint.display()),
+        });
+    }
+    Ok(())
 }
 
 /// Unmounts, then waits for the daemon to finish writing back and makes the lower durable.
@@ -501,5 +759,11 @@ mod tests {
     #[test]
     fn mountinfo_escapes_are_decoded() {
         assert_eq!(unescape(r"/mnt/with\040space"), "/mnt/with space");
+        assert_eq!(unescape(r"a\011b\012c\134d\"), "a\tb\nc\\d\\");
+        assert_eq!(unescape(r"\303\251t\303\251"), "été");
+        let e = parse_mountinfo_line(r"42 27 0:39 / /tmp/a\040b rw,nosuid,nodev,relatime shared:1 - fuse.densefs /tmp/low\040er rw,user_id=0").unwrap();
+        assert_eq!(e.point, Path::new("/tmp/a b"));
+        assert_eq!(e.source, Path::new("/tmp/low er"));
+        assert_eq!((e.fstype.as_str(), e.mount_options.as_str(), e.super_options.as_str()), ("fuse.densefs", "rw,nosuid,nodev,relatime", "rw,user_id=0"));
     }
 }

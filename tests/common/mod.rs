@@ -26,9 +26,7 @@ impl Dirs {
 }
 
 fn is_mounted(mnt: &Path) -> bool {
-    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-    let want = mnt.to_str().unwrap();
-    info.lines().any(|l| l.split(' ').nth(4) == Some(want))
+    densefs::mount::mountinfo().iter().any(|m| m.point == mnt)
 }
 
 /// A densefs daemon running in the foreground as a child process; unmounted on drop.

@@ -1,0 +1,298 @@
+//! The command line as people use it: output into `head`, permission errors, paths outside a
+//! mount, a second mount on a mount point, `mount -o remount`, findmnt, no syslog. Real mounts
+//! and real processes; root only (as the other mount tests).
+
+mod common;
+
+use common::{Dirs, Mount, BIN};
+use std::os::fd::{FromRawFd, OwnedFd};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::ExitStatusExt;
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+
+fn densefs(args: &[&str]) -> Output {
+    Command::new(BIN).args(args).stdin(Stdio::null()).output().expect("run densefs")
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+/// Runs densefs with stdout a pipe whose reading end is already closed (`| head` that is done).
+fn into_closed_pipe(args: &[&str]) -> Output {
+    let mut fds = [0; 2];
+    assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
+    let (read, write) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    drop(read);
+    Command::new(BIN).args(args).stdin(Stdio::null()).stdout(Stdio::from(write)).stderr(Stdio::piped()).output().unwrap()
+}
+
+#[test]
+fn output_into_a_closed_pipe_ends_quietly_and_the_daemon_lives_on() {
+    let d = Dirs::new();
+    let m = Mount::new(&d.lower, &d.mnt, "");
+    for i in 0..50 {
+        let dir = m.path(&format!("d{i}"));
+        std::fs::create_dir(&dir).unwrap();
+        std::fs::write(dir.join("f"), common::compressible(10_000, i)).unwrap();
+        assert!(densefs(&["set", "compression=gzip-1", dir.to_str().unwrap()]).status.success());
+    }
+    let mnt = d.mnt.to_str().unwrap();
+    let file = m.path("d0/f");
+    let cases: Vec<Vec<&str>> = vec![
+        vec!["get", "all", mnt],
+        vec!["get", "--json", "all", mnt],
+        vec!["list", "-r", mnt],
+        vec!["list"],
+        vec!["stat", file.to_str().unwrap()],
+        vec!["scrub", mnt],
+        vec!["iostat", "-w", "0.05", "-c", "3", mnt],
+        vec!["--help"],
+        vec!["mount", "--help"],
+        vec!["--version"],
+        vec!["completions", "bash"],
+        vec!["completions", "zsh"],
+    ];
+    for args in cases {
+        let out = into_closed_pipe(&args);
+        let err = text(&out.stderr);
+        assert!(!err.contains("panicked"), "densefs {args:?} panicked: {err}");
+        assert_eq!(out.status.signal(), Some(libc::SIGPIPE), "densefs {args:?}: {:?} {err}", out.status);
+    }
+    // The daemon (which ignores SIGPIPE) still serves.
+    std::fs::write(m.path("after"), b"still here").unwrap();
+    assert_eq!(std::fs::read(m.path("after")).unwrap(), b"still here");
+    // `| head -1` for real.
+    let out = Command::new("bash").arg("-c").arg(format!("'{BIN}' list -r '{mnt}' | head -1; echo \"${{PIPESTATUS[*]}}\"")).output().unwrap();
+    let shown = text(&out.stdout);
+    assert!(shown.starts_with("NAME"), "{shown}");
+    assert!(!text(&out.stderr).contains("panicked"), "{}", text(&out.stderr));
+    m.unmount();
+}
+
+/// Puts /dev/fuse's mode back when dropped, even when the test fails.
+struct DevFuseMode(u32);
+
+impl DevFuseMode {
+    fn save() -> DevFuseMode {
+        DevFuseMode(std::fs::metadata("/dev/fuse").unwrap().permissions().mode() & 0o7777)
+    }
+    fn set(&self, mode: u32) {
+        std::fs::set_permissions("/dev/fuse", std::fs::Permissions::from_mode(mode)).unwrap();
+    }
+}
+
+impl Drop for DevFuseMode {
+    fn drop(&mut self) {
+        let _ = std::fs::set_permissions("/dev/fuse", std::fs::Permissions::from_mode(self.0));
+    }
+}
+
+fn as_nobody(args: &[&str]) -> Output {
+    Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+        .arg(BIN)
+        .args(args)
+        .env("HOME", "/nonexistent")
+        .stdin(Stdio::null())
+        .output()
+        .expect("run setpriv")
+}
+
+#[test]
+fn permission_errors_name_dev_fuse_and_fuse_conf() {
+    let d = Dirs::new();
+    std::fs::set_permissions(d.root.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    for p in [&d.lower, &d.mnt] {
+        std::os::unix::fs::chown(p, Some(65534), Some(65534)).unwrap();
+    }
+    let (lower, mnt) = (d.lower.to_str().unwrap(), d.mnt.to_str().unwrap());
+    let mode = DevFuseMode::save();
+
+    mode.set(0o600);
+    let out = as_nobody(&["mount", "-f", lower, mnt]);
+    let err = text(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("/dev/fuse is mode 0600") && err.contains("chmod 0666 /dev/fuse"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+
+    // fusermount3 refuses allow_other to users unless /etc/fuse.conf has user_allow_other.
+    let conf = std::fs::read_to_string("/etc/fuse.conf").unwrap_or_default();
+    let allowed = conf.lines().any(|l| l.trim() == "user_allow_other");
+    if Command::new("fusermount3").arg("-V").output().is_ok() && !allowed {
+        mode.set(0o666);
+        let out = as_nobody(&["mount", "-f", "-o", "allow_other", lower, mnt]);
+        let err = text(&out.stderr);
+        assert!(!out.status.success(), "{err}");
+        assert!(err.contains("user_allow_other") && err.contains("/etc/fuse.conf"), "{err}");
+        assert!(!err.contains("/dev/fuse is mode"), "{err}");
+    } else {
+        eprintln!("skipped the allow_other case: no fusermount3, or user_allow_other is set");
+    }
+    drop(mode);
+    assert!(!std::fs::read_to_string("/proc/self/mountinfo").unwrap().contains(mnt));
+}
+
+#[test]
+fn commands_refuse_paths_outside_densefs_mounts() {
+    let d = Dirs::new();
+    let dir = d.root.path().join("plain");
+    std::fs::create_dir(&dir).unwrap();
+    std::fs::write(dir.join("f"), b"plain").unwrap();
+    let (p, f) = (dir.to_str().unwrap(), dir.join("f"));
+    let f = f.to_str().unwrap();
+    for args in [
+        vec!["set", "compression=gzip-9", p],
+        vec!["inherit", "compression", p],
+        vec!["get", "compression", p],
+        vec!["get", "all", p],
+        vec!["list", p],
+        vec!["stat", f],
+        vec!["scrub", p],
+        vec!["recompress", f],
+        vec!["recompress", "-r", p],
+        vec!["iostat", "-c", "1", p],
+    ] {
+        let out = densefs(&args);
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "densefs {args:?}: {err}");
+        assert!(err.contains("not on a densefs mount"), "densefs {args:?}: {err}");
+    }
+    // `set` left no attribute behind.
+    let name = c"user.densefs.compression";
+    let path = std::ffi::CString::new(p).unwrap();
+    let n = unsafe { libc::getxattr(path.as_ptr(), name.as_ptr(), std::ptr::null_mut(), 0) };
+    assert!(n < 0, "densefs set wrote an xattr on a plain directory");
+}
+
+fn mounts_at(mnt: &Path) -> usize {
+    densefs::mount::mountinfo().iter().filter(|m| m.point == mnt).count()
+}
+
+#[test]
+fn a_second_mount_on_a_densefs_mount_point_is_refused() {
+    let d = Dirs::new();
+    let m = Mount::new(&d.lower, &d.mnt, "");
+    let other = d.root.path().join("lower2");
+    std::fs::create_dir(&other).unwrap();
+    for foreground in [true, false] {
+        let mut args = vec!["mount"];
+        if foreground {
+            args.push("-f");
+        }
+        args.extend([other.to_str().unwrap(), d.mnt.to_str().unwrap()]);
+        let out = densefs(&args);
+        let err = text(&out.stderr);
+        assert!(!out.status.success(), "{err}");
+        assert!(err.contains("already holds a densefs mount"), "{err}");
+    }
+    assert_eq!(mounts_at(&d.mnt), 1);
+    m.unmount();
+}
+
+#[test]
+fn findmnt_shows_fuse_densefs_and_paths_with_spaces_work() {
+    let d = Dirs::new();
+    let mnt = d.root.path().join("mount point");
+    std::fs::create_dir(&mnt).unwrap();
+    let m = Mount::new(&d.lower, &mnt, "");
+    let out = Command::new("findmnt").args(["-n", "-o", "FSTYPE,SOURCE"]).arg(&mnt).output().unwrap();
+    let shown = text(&out.stdout);
+    assert_eq!(shown.split_whitespace().collect::<Vec<_>>(), ["fuse.densefs", d.lower.to_str().unwrap()], "{shown}");
+    // The mountinfo escapes (\040) are decoded: list finds it, umount finds it.
+    let out = densefs(&["list", "-H"]);
+    assert!(text(&out.stdout).lines().any(|l| l.starts_with(&format!("{}\t", mnt.display()))), "{}", text(&out.stdout));
+    m.unmount();
+    assert_eq!(mounts_at(&mnt), 0);
+}
+
+/// Runs a bash script in a private mount namespace (so bind mounts there leave the machine alone).
+fn in_private_namespace(script: &str, tmp: &Path) -> Output {
+    Command::new("unshare")
+        .args(["-m", "--propagation", "private", "bash", "-c", script])
+        .env("BIN", BIN)
+        .env("T", tmp)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run unshare")
+}
+
+#[test]
+fn mount_o_remount_changes_ro_rw_and_explains_what_cannot_change() {
+    let d = Dirs::new();
+    // mount(8) runs helpers from /sbin: put mount.densefs and mount.fuse.densefs (as
+    // scripts/install does) there through a read-only overlay, in this namespace only.
+    let script = r#"
+        set -u
+        mkdir -p "$T/sbin" "$T/varlog"
+        mount --bind "$T/varlog" /var/log || exit 9
+        ln -s "$BIN" "$T/sbin/mount.densefs"; ln -s "$BIN" "$T/sbin/mount.fuse.densefs"
+        mount -t overlay overlay -o "lowerdir=$T/sbin:/usr/sbin" /usr/sbin || exit 9
+        mount -t densefs -o compression=zstd-3 "$T/lower" "$T/mnt" 2>/dev/null || exit 10
+        echo "type $(findmnt -n -o FSTYPE "$T/mnt")"
+        mount -o remount,ro "$T/mnt"; echo "remount-ro $?"
+        echo x > "$T/mnt/a" 2>/dev/null; echo "write-ro $?"
+        findmnt -n -o OPTIONS "$T/mnt" | cut -d, -f1 | sed 's/^/opts /'
+        mount -o remount,rw "$T/mnt"; echo "remount-rw $?"
+        echo x > "$T/mnt/b"; echo "write-rw $?"
+        mount -o remount,compression=gzip-9 "$T/mnt" 2>"$T/err"; echo "remount-compression $?"
+        echo "err $(cat "$T/err")"
+        mount -o remount,compression=zstd-3,noexec "$T/mnt"; echo "remount-same $?"
+        findmnt -n -o OPTIONS "$T/mnt" | tr , '\n' | grep -x noexec | sed 's/^/opts /'
+        exec 5>"$T/mnt/open"; mount -o remount,ro "$T/mnt" 2>"$T/err"; echo "remount-busy $?"; exec 5>&-
+        echo "err $(cat "$T/err")"
+        "$BIN" mount -o remount,ro "$T/lower" "$T/mnt"; echo "densefs-remount $?"
+        echo x > "$T/mnt/c" 2>/dev/null; echo "write-ro2 $?"
+        "$BIN" umount "$T/mnt"; echo "umount $?"
+    "#;
+    let out = in_private_namespace(script, d.root.path());
+    let shown = text(&out.stdout);
+    let expect = [
+        "type fuse.densefs",
+        "remount-ro 0",
+        "write-ro 1",
+        "opts ro",
+        "remount-rw 0",
+        "write-rw 0",
+        "remount-compression 1",
+        "remount-same 0",
+        "opts noexec",
+        "remount-busy 1",
+        "densefs-remount 0",
+        "write-ro2 1",
+        "umount 0",
+    ];
+    for line in expect {
+        assert!(shown.lines().any(|l| l == line), "missing '{line}' in:\n{shown}\nstderr: {}", text(&out.stderr));
+    }
+    assert!(shown.contains("compression cannot change on a live mount (it is zstd-3)"), "{shown}");
+    assert!(shown.contains("densefs set compression=gzip-9"), "{shown}");
+    assert!(shown.contains("read-only: files are open for writing"), "{shown}");
+    assert_eq!(std::fs::read(d.lower.join("b")).map(|b| !b.is_empty()).ok(), Some(true));
+    assert!(!d.lower.join("a").exists());
+}
+
+#[test]
+fn without_syslog_the_daemon_logs_to_a_file_and_says_where() {
+    let d = Dirs::new();
+    // /var/log is a private directory here, and /dev/log (where there is one) is hidden.
+    let script = r#"
+        set -u
+        mkdir -p "$T/varlog"
+        mount --bind "$T/varlog" /var/log || exit 9
+        if [ -e /dev/log ] || [ -L /dev/log ]; then mount --bind /dev/null /dev/log || exit 9; fi
+        "$BIN" mount "$T/lower" "$T/mnt" 2>"$T/err"; echo "mount $?"
+        echo hello > "$T/mnt/f"
+        "$BIN" umount "$T/mnt"; echo "umount $?"
+    "#;
+    let out = in_private_namespace(script, d.root.path());
+    let shown = text(&out.stdout);
+    assert!(shown.contains("mount 0") && shown.contains("umount 0"), "{shown} {}", text(&out.stderr));
+    let err = std::fs::read_to_string(d.root.path().join("err")).unwrap();
+    let name = format!("{}.log", d.mnt.to_str().unwrap().trim_start_matches('/').replace('/', "-"));
+    let expected = format!("/var/log/densefs/{name}");
+    assert!(err.contains(&format!("the daemon logs to {expected}")), "{err}");
+    let log = std::fs::read_to_string(d.root.path().join("varlog/densefs").join(&name)).unwrap();
+    assert!(log.contains("mounted") && log.contains("unmounted"), "{log}");
+}
