@@ -3,32 +3,12 @@
 
 mod common;
 
-use common::{compressible, random_bytes, Dirs, Mount, BIN};
+use common::{compressible, random_bytes, wait_until, Dirs, Mount, SmallDisk, BIN};
 use std::fs::{self, OpenOptions};
 use std::io::{Read, Write};
 use std::os::unix::fs::{FileExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::{Duration, Instant};
-
-/// A size-limited tmpfs mounted on `dir` for the test's lifetime (the "small disk").
-struct SmallDisk {
-    dir: PathBuf,
-}
-
-impl SmallDisk {
-    fn new(dir: &Path, size: &str) -> SmallDisk {
-        let ok = Command::new("mount").args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"]).arg(dir).status().unwrap();
-        assert!(ok.success(), "mount tmpfs (needs root)");
-        SmallDisk { dir: dir.to_path_buf() }
-    }
-}
-
-impl Drop for SmallDisk {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg("-l").arg(&self.dir).status();
-    }
-}
 
 fn errno(e: &std::io::Error) -> i32 {
     e.raw_os_error().unwrap_or(-1)
@@ -50,14 +30,6 @@ fn fill(path: &Path, seed: u64) -> (Vec<u8>, i32) {
     }
     let e = f.sync_all().expect_err("the disk never filled");
     (acknowledged, errno(&e))
-}
-
-fn wait_until(what: &str, mut ok: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !ok() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(200));
-    }
 }
 
 #[test]

@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{compressible, random_bytes, Dirs, Mount, BIN};
+use common::{compressible, random_bytes, wait_until, Dirs, Mount, SmallDisk, BIN};
 use std::collections::BTreeMap;
 use std::fs::{self, File, OpenOptions};
 use std::hash::{Hash, Hasher};
@@ -301,16 +301,10 @@ fn a_write_far_out_costs_in_proportion_to_the_data_not_the_offset() {
 
     // tmpfs holds 2^50 (its limit is 2^63).
     let d = Dirs::new();
-    assert!(Command::new("mount").args(["-t", "tmpfs", "-o", "size=64M", "tmpfs"]).arg(&d.lower).status().unwrap().success());
-    let result = std::panic::catch_unwind(|| {
-        let m = Mount::new(&d.lower, &d.mnt, "recordsize=4K");
-        far_write_is_cheap(&m, 1 << 50);
-        m.unmount();
-    });
-    let _ = Command::new("umount").arg("-l").arg(&d.lower).status();
-    if let Err(e) = result {
-        std::panic::resume_unwind(e);
-    }
+    let _disk = SmallDisk::new(&d.lower, "64M");
+    let m = Mount::new(&d.lower, &d.mnt, "recordsize=4K");
+    far_write_is_cheap(&m, 1 << 50);
+    m.unmount();
 }
 
 #[test]
@@ -356,30 +350,22 @@ fn fill_and_close(path: &Path) {
     drop(f);
 }
 
-fn wait_for(what: &str, mut ok: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !ok() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
 #[test]
 fn deleting_or_truncating_the_file_that_filled_the_disk_gives_the_space_back() {
     let d = Dirs::new();
-    assert!(Command::new("mount").args(["-t", "tmpfs", "-o", "size=16M", "tmpfs"]).arg(&d.lower).status().unwrap().success());
-    let result = std::panic::catch_unwind(|| {
+    let _disk = SmallDisk::new(&d.lower, "16M");
+    {
         let m = Mount::new(&d.lower, &d.mnt, "compression=lz4");
         let empty = free_bytes(&d.lower);
         fill_and_close(&m.path("filler"));
         assert!(free_bytes(&d.lower) < 1 << 20, "the disk did not fill");
         fs::remove_file(m.path("filler")).unwrap();
-        wait_for("space after unlink", || free_bytes(&d.lower) > empty - (1 << 20));
+        wait_until("space after unlink", || free_bytes(&d.lower) > empty - (1 << 20));
 
         fill_and_close(&m.path("filler2"));
         assert!(free_bytes(&d.lower) < 1 << 20);
         assert_eq!(unsafe { libc::truncate(path_c(&m.path("filler2")).as_ptr(), 0) }, 0);
-        wait_for("space after truncate", || free_bytes(&d.lower) > empty - (1 << 20));
+        wait_until("space after truncate", || free_bytes(&d.lower) > empty - (1 << 20));
         assert_eq!(fs::read(m.path("filler2")).unwrap().len(), 0);
 
         // Unlinked while still open: closing writes nothing back.
@@ -387,12 +373,8 @@ fn deleting_or_truncating_the_file_that_filled_the_disk_gives_the_space_back() {
         f.write_all(&random_bytes(4 << 20, 7)).unwrap();
         fs::remove_file(m.path("temp")).unwrap();
         drop(f);
-        wait_for("space after closing an unlinked file", || free_bytes(&d.lower) > empty - (1 << 20));
+        wait_until("space after closing an unlinked file", || free_bytes(&d.lower) > empty - (1 << 20));
         m.unmount();
-    });
-    let _ = Command::new("umount").arg("-l").arg(&d.lower).status();
-    if let Err(e) = result {
-        std::panic::resume_unwind(e);
     }
 }
 

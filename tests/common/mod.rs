@@ -180,3 +180,31 @@ pub fn current_header(lower_file: &Path) -> Vec<u8> {
     };
     [copy(0), copy(64)].into_iter().flatten().max_by_key(|(seq, _)| *seq).expect("not a container").1
 }
+
+/// A size-limited tmpfs mounted on `dir` for the test's lifetime (the "small disk").
+pub struct SmallDisk {
+    dir: PathBuf,
+}
+
+impl SmallDisk {
+    pub fn new(dir: &Path, size: &str) -> SmallDisk {
+        let ok = Command::new("mount").args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"]).arg(dir).status().unwrap();
+        assert!(ok.success(), "mount tmpfs (needs root)");
+        SmallDisk { dir: dir.to_path_buf() }
+    }
+}
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.dir).status();
+    }
+}
+
+/// Polls `ok` until it holds (30 s at most).
+pub fn wait_until(what: &str, mut ok: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !ok() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
