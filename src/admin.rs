@@ -2,7 +2,8 @@
 //! densefs through its paths. They talk to the daemon with extended attributes in the
 //! `user.densefs.` namespace (see core/xattr.rs), so they work for any user the mount lets in.
 
-use crate::core::props::{LocalProps, SETTABLE, XATTR_PREFIX};
+use crate::control::Control;
+use crate::core::props::{LocalProps, SETTABLE};
 use serde_json::Value;
 use std::ffi::CString;
 use std::os::unix::ffi::OsStrExt;
@@ -10,10 +11,6 @@ use std::path::{Path, PathBuf};
 
 fn cpath(p: &Path) -> Result<CString, String> {
     CString::new(p.as_os_str().as_bytes()).map_err(|_| format!("{}: bad path", p.display()))
-}
-
-fn xattr_name(key: &str) -> CString {
-    CString::new(format!("{XATTR_PREFIX}{key}")).expect("BUG: no NUL in property names")
 }
 
 fn os_error(path: &Path, what: &str) -> String {
@@ -24,9 +21,9 @@ fn os_error(path: &Path, what: &str) -> String {
     }
 }
 
-fn get_xattr(path: &Path, key: &str) -> Result<Vec<u8>, String> {
+fn get_xattr(path: &Path, what: Control) -> Result<Vec<u8>, String> {
     let p = cpath(path)?;
-    let name = xattr_name(key);
+    let name = what.c_name();
     loop {
         let n = unsafe { libc::getxattr(p.as_ptr(), name.as_ptr(), std::ptr::null_mut(), 0) };
         if n < 0 {
@@ -44,9 +41,9 @@ fn get_xattr(path: &Path, key: &str) -> Result<Vec<u8>, String> {
     }
 }
 
-/// The daemon's JSON report on a path (`report`, `scrub` or `datasets`).
-pub fn report(path: &Path, kind: &str) -> Result<Value, String> {
-    let bytes = get_xattr(path, kind)?;
+/// The daemon's JSON answer to a read request on a path (a report or the engine's counters).
+pub fn report(path: &Path, what: Control) -> Result<Value, String> {
+    let bytes = get_xattr(path, what)?;
     serde_json::from_slice(&bytes).map_err(|e| format!("{}: unreadable report from densefs: {e}", path.display()))
 }
 
@@ -58,10 +55,11 @@ pub fn set(assignments: &[String], dir: &Path) -> Result<(), String> {
         let (name, value) = a.split_once('=').ok_or_else(|| format!("'{a}': expected PROPERTY=VALUE"))?;
         // Check here too, for a message better than EINVAL.
         LocalProps::default().set(name, value)?;
+        let property = Control::property(name).ok_or_else(|| format!("'{name}' is not a settable property"))?;
         if !dir.is_dir() {
             return Err(format!("{}: properties are set on directories", dir.display()));
         }
-        let r = unsafe { libc::setxattr(p.as_ptr(), xattr_name(name).as_ptr(), value.as_ptr() as *const libc::c_void, value.len(), 0) };
+        let r = unsafe { libc::setxattr(p.as_ptr(), property.c_name().as_ptr(), value.as_ptr() as *const libc::c_void, value.len(), 0) };
         if r != 0 {
             return Err(os_error(dir, &format!("cannot set {name}")));
         }
@@ -71,12 +69,12 @@ pub fn set(assignments: &[String], dir: &Path) -> Result<(), String> {
 
 /// `densefs inherit PROP DIR`
 pub fn inherit(name: &str, dir: &Path) -> Result<(), String> {
-    if !SETTABLE.contains(&name) {
+    let Some(property) = Control::property(name) else {
         return Err(format!("'{name}' cannot be inherited (settable: {})", SETTABLE.join(", ")));
-    }
+    };
     let p = cpath(dir)?;
     require_densefs(dir)?;
-    let r = unsafe { libc::removexattr(p.as_ptr(), xattr_name(name).as_ptr()) };
+    let r = unsafe { libc::removexattr(p.as_ptr(), property.c_name().as_ptr()) };
     if r != 0 && std::io::Error::last_os_error().raw_os_error() != Some(libc::ENODATA) {
         return Err(os_error(dir, &format!("cannot inherit {name}")));
     }
@@ -287,7 +285,7 @@ pub fn recompress_file(file: &Path, spec: &str) -> Result<(), String> {
     let p = cpath(file)?;
     let name = file.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     let spec = if name.contains(',') { spec.to_string() } else if spec.is_empty() { format!("name={name}") } else { format!("{spec},name={name}") };
-    let r = unsafe { libc::setxattr(p.as_ptr(), xattr_name("recompress").as_ptr(), spec.as_ptr() as *const libc::c_void, spec.len(), 0) };
+    let r = unsafe { libc::setxattr(p.as_ptr(), Control::Recompress.c_name().as_ptr(), spec.as_ptr() as *const libc::c_void, spec.len(), 0) };
     if r == 0 {
         return Ok(());
     }

@@ -101,7 +101,7 @@ fn detail(before: &Value, after: &Value) -> Vec<String> {
 }
 
 pub fn run(mount: &Path, interval: f64, count: Option<u64>, verbose: bool) -> Result<(), String> {
-    let sample = || admin::report(mount, "engine");
+    let sample = || admin::report(mount, crate::control::Control::Engine);
     let mut prev = sample()?;
     println!("{}", header());
     println!("{}", line("total", &Totals::default(), &totals(&prev)));

@@ -11,6 +11,7 @@
 pub mod admin;
 pub mod checksum;
 pub mod codec;
+pub mod control;
 pub mod core;
 pub mod engine;
 pub mod format;

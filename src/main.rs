@@ -2,6 +2,7 @@
 
 use clap::{CommandFactory, Parser, Subcommand};
 use densefs::admin::{self, human, print_table, property_rows, ratio};
+use densefs::control::Control;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -278,13 +279,13 @@ fn get(scripted: bool, parsable: bool, columns: &[String], json: bool, propertie
     // Only settable properties asked for: no need for the daemon to walk the tree.
     let settable_only = wanted.iter().all(|w| densefs::core::props::SETTABLE.contains(w));
     for path in paths {
-        let report = admin::report(path, if settable_only { "properties" } else { "report" })?;
+        let report = admin::report(path, if settable_only { Control::PROPERTIES } else { Control::REPORT })?;
         let mut rows = property_rows(path, &report, parsable);
         if settable_only {
             rows.retain(|r| densefs::core::props::SETTABLE.contains(&r.property.as_str()));
         }
         if wanted.iter().any(|w| *w == "all" || w.starts_with("engine.")) {
-            let snapshot = admin::report(path, "engine")?;
+            let snapshot = admin::report(path, Control::Engine)?;
             for (property, value) in admin::engine_rows(&snapshot, parsable) {
                 rows.push(admin::Row { name: path.display().to_string(), property, value, source: "-".into() });
             }
@@ -383,10 +384,10 @@ fn list(recursive: bool, scripted: bool, parsable: bool, json: bool, paths: Vec<
     let mut rows = Vec::new();
     let mut out = Vec::new();
     for path in &paths {
-        let report = admin::report(path, if recursive { "datasets" } else { "report" })?;
+        let report = admin::report(path, if recursive { Control::DATASETS } else { Control::REPORT })?;
         let mount = admin::mountpoint_of(path);
         let compression_of = |p: &Path| -> String {
-            admin::report(p, "properties").ok().and_then(|r| r["properties"]["compression"]["value"].as_str().map(String::from)).unwrap_or("-".into())
+            admin::report(p, Control::PROPERTIES).ok().and_then(|r| r["properties"]["compression"]["value"].as_str().map(String::from)).unwrap_or("-".into())
         };
         let mut entries = vec![(path.clone(), report["stats"].clone(), compression_of(path))];
         let mut datasets: Vec<&serde_json::Value> = report["datasets"].as_array().into_iter().flatten().collect();
@@ -427,7 +428,7 @@ fn list(recursive: bool, scripted: bool, parsable: bool, json: bool, paths: Vec<
 fn stat(json: bool, files: &[PathBuf]) -> Result<(), String> {
     let mut all = Vec::new();
     for file in files {
-        let report = admin::report(file, "report")?;
+        let report = admin::report(file, Control::REPORT)?;
         if report["kind"] != "file" {
             return Err(format!("{}: not a regular file (use densefs get for directories)", file.display()));
         }
@@ -459,7 +460,7 @@ fn stat(json: bool, files: &[PathBuf]) -> Result<(), String> {
 }
 
 fn scrub(json: bool, path: &Path) -> ExitCode {
-    let report = match admin::report(path, "scrub") {
+    let report = match admin::report(path, Control::SCRUB) {
         Ok(r) => r,
         Err(e) => return finish(Err(e)),
     };
@@ -512,7 +513,7 @@ fn recompress(recursive: bool, spec: String, quiet: bool, paths: &[PathBuf]) -> 
             }
         }
     }
-    let before: Vec<serde_json::Value> = paths.iter().map(|p| admin::report(p, "report")).collect::<Result<_, _>>()?;
+    let before: Vec<serde_json::Value> = paths.iter().map(|p| admin::report(p, Control::REPORT)).collect::<Result<_, _>>()?;
     let total: u64 = files.iter().map(|(_, len)| len).sum();
     let bar = if quiet { indicatif::ProgressBar::hidden() } else { indicatif::ProgressBar::new(total) };
     bar.set_style(
@@ -529,7 +530,7 @@ fn recompress(recursive: bool, spec: String, quiet: bool, paths: &[PathBuf]) -> 
         bar.inc(*len);
     }
     bar.finish_and_clear();
-    let after: Vec<serde_json::Value> = paths.iter().map(|p| admin::report(p, "report")).collect::<Result<_, _>>()?;
+    let after: Vec<serde_json::Value> = paths.iter().map(|p| admin::report(p, Control::REPORT)).collect::<Result<_, _>>()?;
     let sum = |reports: &[serde_json::Value], key: &str| reports.iter().map(|r| r["stats"][key].as_u64().unwrap_or(0)).sum::<u64>();
     let (used_before, used_after) = (sum(&before, "used"), sum(&after, "used"));
     let logical = sum(&after, "logicalused");
