@@ -1,7 +1,7 @@
 //! The `densefs` command line (also run as `mount.densefs` and `mount.fuse.densefs` by mount(8)).
 
 use clap::{CommandFactory, Parser, Subcommand};
-use densefs::admin::{self, human, print_table, property_rows, ratio};
+use densefs::cli::props::{self as admin, human, print_table, property_rows, ratio};
 use densefs::control::Control;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -201,9 +201,9 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Mount { foreground, options, log, lower, mountpoint } => {
-            densefs::mount::mount_or_remount(&lower, &mountpoint, &options.join(","), foreground, log)
+            densefs::cli::mount::mount_or_remount(&lower, &mountpoint, &options.join(","), foreground, log)
         }
-        Command::Umount { mountpoint } => densefs::mount::umount(&mountpoint),
+        Command::Umount { mountpoint } => densefs::cli::mount::umount(&mountpoint),
         Command::Set { assignments, directory } => admin::set(&assignments, &directory),
         Command::Inherit { property, directory } => admin::inherit(&property, &directory),
         Command::Get { scripted, parsable, columns, json, properties, paths } => {
@@ -215,7 +215,7 @@ fn main() -> ExitCode {
         Command::Recompress { recursive, settings, quiet, paths } => recompress(recursive, settings.unwrap_or_default(), quiet, &paths),
         Command::Iostat { interval, count, verbose, mountpoint } => {
             if interval.is_finite() && interval > 0.0 {
-                densefs::iostat::run(&mountpoint, interval, count, verbose)
+                densefs::cli::iostat::run(&mountpoint, interval, count, verbose)
             } else {
                 Err(format!("invalid interval {interval}"))
             }
@@ -258,13 +258,13 @@ fn mount_helper(args: Vec<String>) -> Result<(), String> {
             _ => positional.push(a),
         }
     }
-    if let ([mountpoint], true) = (positional.as_slice(), densefs::mount::is_remount(&options.join(","))) {
-        return densefs::mount::remount(Path::new(mountpoint), &options.join(","));
+    if let ([mountpoint], true) = (positional.as_slice(), densefs::cli::mount::is_remount(&options.join(","))) {
+        return densefs::cli::mount::remount(Path::new(mountpoint), &options.join(","));
     }
     let [lower, mountpoint] = positional.as_slice() else {
         return Err("usage: mount.densefs LOWER MOUNTPOINT [-o OPTIONS]".into());
     };
-    densefs::mount::mount_or_remount(Path::new(lower), Path::new(mountpoint), &options.join(","), false, None)
+    densefs::cli::mount::mount_or_remount(Path::new(lower), Path::new(mountpoint), &options.join(","), false, None)
 }
 
 fn get(scripted: bool, parsable: bool, columns: &[String], json: bool, properties: &str, paths: &[PathBuf]) -> Result<(), String> {
@@ -344,7 +344,7 @@ fn bench_engine(backend: &str, compression: &[String], recordsize: &str, threads
         return Err(format!("{}: empty file", file.display()));
     }
     if let Some(size) = size {
-        let want = densefs::mount::parse_size(size).ok_or_else(|| format!("invalid size '{size}' (e.g. 512M, 1G)"))? as usize;
+        let want = densefs::cli::mount::parse_size(size).ok_or_else(|| format!("invalid size '{size}' (e.g. 512M, 1G)"))? as usize;
         // Whole records of the file, repeated: no record straddles the seam.
         let whole = data.len() / record_size * record_size;
         let unit = if whole == 0 { data.clone() } else { data[..whole].to_vec() };
@@ -374,7 +374,7 @@ fn bench_engine(backend: &str, compression: &[String], recordsize: &str, threads
 }
 
 fn densefs_mounts() -> Vec<PathBuf> {
-    let mut points: Vec<PathBuf> = densefs::mount::mountinfo().into_iter().filter(|m| m.is_densefs()).map(|m| m.point).collect();
+    let mut points: Vec<PathBuf> = densefs::cli::mount::mountinfo().into_iter().filter(|m| m.is_densefs()).map(|m| m.point).collect();
     points.dedup();
     points
 }

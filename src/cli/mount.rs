@@ -334,7 +334,7 @@ fn serve(
         }
         msg
     };
-    crate::logging::init(log.as_deref(), ready.is_some());
+    super::logging::init(log.as_deref(), ready.is_some());
     // Signals go to one thread that unmounts; every thread started from here inherits the mask.
     let signals = block_termination_signals();
     unsafe { libc::umask(0) };
@@ -676,7 +676,7 @@ pub fn remount(mountpoint: &Path, options: &str) -> Result<(), String> {
             "compression" | "compress" | "recordsize" | "checksum" | "min_savings" | "offload" => {
                 parse_mount_options(item)?;
                 let name = if key == "compress" { "compression" } else { key };
-                let live = crate::admin::report(&mountpoint, crate::control::Control::PROPERTIES)
+                let live = super::props::report(&mountpoint, crate::control::Control::PROPERTIES)
                     .ok()
                     .and_then(|r| r["properties"][name]["value"].as_str().map(String::from));
                 let same = live.as_deref().is_some_and(|v| parse_mount_options(&format!("{name}={v}")) == parse_mount_options(item));

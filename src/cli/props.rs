@@ -111,7 +111,7 @@ pub fn ratio(stats: &Value) -> f64 {
 /// The mount point of the densefs mount holding `path`, if any.
 pub fn mountpoint_of(path: &Path) -> Option<PathBuf> {
     let path = std::fs::canonicalize(path).ok()?;
-    let mounts = crate::mount::mountinfo();
+    let mounts = super::mount::mountinfo();
     // The deepest mount point above the path; densefs only if the top mount there is.
     let point = mounts.iter().filter(|m| path.starts_with(&m.point)).map(|m| &m.point).max_by_key(|p| p.as_os_str().len())?;
     mounts.iter().rev().find(|m| &m.point == point).filter(|m| m.is_densefs()).map(|m| m.point.clone())

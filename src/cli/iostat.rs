@@ -1,7 +1,7 @@
 //! `densefs iostat`: the engine's counters as a live view, one line per interval, like
 //! `zpool iostat` (the first line covers the time since the mount).
 
-use crate::admin;
+use super::props as admin;
 use serde_json::Value;
 use std::path::Path;
 use std::time::Duration;
