@@ -1,55 +1,16 @@
-//! `densefs set/inherit/get/list/stat/scrub`: the commands that look at and change a mounted
-//! densefs through its paths. They talk to the daemon with extended attributes in the
-//! `user.densefs.` namespace (see core/xattr.rs), so they work for any user the mount lets in.
+//! `densefs set/inherit/get/list`: a mount's properties (set on directories, inherited below)
+//! and what compression did, like `zfs set/inherit/get/list`.
 
+use super::client::{self, os_error, require_densefs};
+use super::mountinfo::{densefs_mounts, mountpoint_of};
+use super::output::{full_path, human, print_table, ratio};
 use crate::control::Control;
 use crate::core::props::{LocalProps, SETTABLE};
 use serde_json::Value;
-use std::ffi::CString;
-use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
-
-fn cpath(p: &Path) -> Result<CString, String> {
-    CString::new(p.as_os_str().as_bytes()).map_err(|_| format!("{}: bad path", p.display()))
-}
-
-fn os_error(path: &Path, what: &str) -> String {
-    let e = std::io::Error::last_os_error();
-    match e.raw_os_error() {
-        Some(libc::ENOTSUP) | Some(libc::ENODATA) => format!("{}: not on a densefs mount", path.display()),
-        _ => format!("{}: {what}: {e}", path.display()),
-    }
-}
-
-fn get_xattr(path: &Path, what: Control) -> Result<Vec<u8>, String> {
-    let p = cpath(path)?;
-    let name = what.c_name();
-    loop {
-        let n = unsafe { libc::getxattr(p.as_ptr(), name.as_ptr(), std::ptr::null_mut(), 0) };
-        if n < 0 {
-            return Err(os_error(path, "cannot ask densefs"));
-        }
-        let mut buf = vec![0u8; n as usize];
-        let m = unsafe { libc::getxattr(p.as_ptr(), name.as_ptr(), buf.as_mut_ptr() as *mut libc::c_void, buf.len()) };
-        if m >= 0 {
-            buf.truncate(m as usize);
-            return Ok(buf);
-        }
-        if std::io::Error::last_os_error().raw_os_error() != Some(libc::ERANGE) {
-            return Err(os_error(path, "cannot ask densefs"));
-        }
-    }
-}
-
-/// The daemon's JSON answer to a read request on a path (a report or the engine's counters).
-pub fn report(path: &Path, what: Control) -> Result<Value, String> {
-    let bytes = get_xattr(path, what)?;
-    serde_json::from_slice(&bytes).map_err(|e| format!("{}: unreadable report from densefs: {e}", path.display()))
-}
 
 /// `densefs set PROP=VALUE... DIR`
 pub fn set(assignments: &[String], dir: &Path) -> Result<(), String> {
-    let p = cpath(dir)?;
     require_densefs(dir)?;
     for a in assignments {
         let (name, value) = a.split_once('=').ok_or_else(|| format!("'{a}': expected PROPERTY=VALUE"))?;
@@ -59,10 +20,7 @@ pub fn set(assignments: &[String], dir: &Path) -> Result<(), String> {
         if !dir.is_dir() {
             return Err(format!("{}: properties are set on directories", dir.display()));
         }
-        let r = unsafe { libc::setxattr(p.as_ptr(), property.c_name().as_ptr(), value.as_ptr() as *const libc::c_void, value.len(), 0) };
-        if r != 0 {
-            return Err(os_error(dir, &format!("cannot set {name}")));
-        }
+        client::send(dir, property, value).map_err(|e| os_error(dir, &format!("cannot set {name}"), e))?;
     }
     Ok(())
 }
@@ -72,67 +30,110 @@ pub fn inherit(name: &str, dir: &Path) -> Result<(), String> {
     let Some(property) = Control::property(name) else {
         return Err(format!("'{name}' cannot be inherited (settable: {})", SETTABLE.join(", ")));
     };
-    let p = cpath(dir)?;
     require_densefs(dir)?;
-    let r = unsafe { libc::removexattr(p.as_ptr(), property.c_name().as_ptr()) };
-    if r != 0 && std::io::Error::last_os_error().raw_os_error() != Some(libc::ENODATA) {
-        return Err(os_error(dir, &format!("cannot inherit {name}")));
+    match client::remove(dir, property) {
+        Err(e) if e.raw_os_error() != Some(libc::ENODATA) => Err(os_error(dir, &format!("cannot inherit {name}"), e)),
+        _ => Ok(()),
     }
-    Ok(())
 }
 
-/// Sizes as ZFS prints them: 512B, 12.5K, 1.21G.
-pub fn human(bytes: u64) -> String {
-    const UNITS: [&str; 6] = ["B", "K", "M", "G", "T", "P"];
-    let mut v = bytes as f64;
-    let mut unit = 0;
-    while v >= 1024.0 && unit < UNITS.len() - 1 {
-        v /= 1024.0;
-        unit += 1;
+/// `densefs get [-Hp] [-o COLUMNS] [--json] PROPERTIES PATH...`
+pub fn get(scripted: bool, parsable: bool, columns: &[String], json: bool, properties: &str, paths: &[PathBuf]) -> Result<(), String> {
+    for c in columns {
+        if !["name", "property", "value", "source"].contains(&c.as_str()) {
+            return Err(format!("unknown column '{c}' (name, property, value, source)"));
+        }
     }
-    if unit == 0 {
-        format!("{bytes}B")
-    } else if v >= 100.0 {
-        format!("{v:.0}{}", UNITS[unit])
-    } else if v >= 10.0 {
-        format!("{v:.1}{}", UNITS[unit])
+    let wanted: Vec<&str> = properties.split(',').collect();
+    let mut table = Vec::new();
+    let mut reports = Vec::new();
+    // Only settable properties asked for: no need for the daemon to walk the tree.
+    let settable_only = wanted.iter().all(|w| SETTABLE.contains(w));
+    for path in paths {
+        let report = client::report(path, if settable_only { Control::PROPERTIES } else { Control::REPORT })?;
+        let mut rows = property_rows(path, &report, parsable);
+        if settable_only {
+            rows.retain(|r| SETTABLE.contains(&r.property.as_str()));
+        }
+        if wanted.iter().any(|w| *w == "all" || w.starts_with("engine.")) {
+            let snapshot = client::report(path, Control::Engine)?;
+            for (property, value) in engine_rows(&snapshot, parsable) {
+                rows.push(Row { name: path.display().to_string(), property, value, source: "-".into() });
+            }
+        }
+        for w in &wanted {
+            if *w != "all" && !rows.iter().any(|r| r.property == *w) && !w.starts_with("records_") && !w.starts_with("engine.") {
+                return Err(format!("unknown property '{w}'"));
+            }
+        }
+        for r in rows.into_iter().filter(|r| wanted.contains(&"all") || wanted.contains(&r.property.as_str())) {
+            let cells = columns
+                .iter()
+                .map(|c| match c.as_str() {
+                    "name" => r.name.clone(),
+                    "property" => r.property.clone(),
+                    "value" => r.value.clone(),
+                    _ => r.source.clone(),
+                })
+                .collect::<Vec<_>>();
+            reports.push(serde_json::json!({"name": r.name, "property": r.property, "value": r.value, "source": r.source}));
+            table.push(cells);
+        }
+    }
+    if json {
+        println!("{}", serde_json::to_string_pretty(&reports).expect("BUG: JSON"));
     } else {
-        format!("{v:.2}{}", UNITS[unit])
-    }
-}
-
-/// logical / physical, as ZFS's `compressratio` (1.00x when nothing is stored).
-pub fn ratio(stats: &Value) -> f64 {
-    let logical = stats["logicalused"].as_u64().unwrap_or(0) as f64;
-    let used = stats["used"].as_u64().unwrap_or(0) as f64;
-    if used == 0.0 || logical == 0.0 { 1.0 } else { logical / used }
-}
-
-/// The mount point of the densefs mount holding `path`, if any.
-pub fn mountpoint_of(path: &Path) -> Option<PathBuf> {
-    let path = std::fs::canonicalize(path).ok()?;
-    let mounts = super::mount::mountinfo();
-    // The deepest mount point above the path; densefs only if the top mount there is.
-    let point = mounts.iter().filter(|m| path.starts_with(&m.point)).map(|m| &m.point).max_by_key(|p| p.as_os_str().len())?;
-    mounts.iter().rev().find(|m| &m.point == point).filter(|m| m.is_densefs()).map(|m| m.point.clone())
-}
-
-/// Refuses paths outside densefs mounts (else `set` would quietly write a plain user xattr).
-fn require_densefs(path: &Path) -> Result<(), String> {
-    std::fs::symlink_metadata(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    if mountpoint_of(path).is_none() {
-        return Err(format!("{}: not on a densefs mount (see `densefs list` for the mounts)", path.display()));
+        let header: Vec<String> = columns.iter().map(|c| c.to_uppercase()).collect();
+        print_table(&header.iter().map(String::as_str).collect::<Vec<_>>(), &table, scripted);
     }
     Ok(())
 }
 
-/// A mount-relative path from a report, shown as a full path.
-fn full_path(mount: &Option<PathBuf>, rel: &str) -> String {
-    match mount {
-        Some(m) if rel == "/" => m.display().to_string(),
-        Some(m) => m.join(rel.trim_start_matches('/')).display().to_string(),
-        None => rel.to_string(),
+/// `densefs list [-rHp] [--json] [PATH...]` (default: every densefs mount)
+pub fn list(recursive: bool, scripted: bool, parsable: bool, json: bool, paths: Vec<PathBuf>) -> Result<(), String> {
+    let paths = if paths.is_empty() { densefs_mounts() } else { paths };
+    let mut rows = Vec::new();
+    let mut out = Vec::new();
+    for path in &paths {
+        let report = client::report(path, if recursive { Control::DATASETS } else { Control::REPORT })?;
+        let mount = mountpoint_of(path);
+        let compression_of = |p: &Path| -> String {
+            client::report(p, Control::PROPERTIES).ok().and_then(|r| r["properties"]["compression"]["value"].as_str().map(String::from)).unwrap_or("-".into())
+        };
+        let mut entries = vec![(path.clone(), report["stats"].clone(), compression_of(path))];
+        let mut datasets: Vec<&serde_json::Value> = report["datasets"].as_array().into_iter().flatten().collect();
+        datasets.sort_by_key(|d| d["path"].as_str().unwrap_or("").to_string());
+        for d in datasets {
+            let rel = d["path"].as_str().unwrap_or("/");
+            let full = match &mount {
+                Some(m) => m.join(rel.trim_start_matches('/')),
+                None => PathBuf::from(rel),
+            };
+            let c = compression_of(&full);
+            entries.push((full, d["stats"].clone(), c));
+        }
+        for (name, stats, compression) in entries {
+            let size = |k: &str| {
+                let n = stats[k].as_u64().unwrap_or(0);
+                if parsable { n.to_string() } else { human(n) }
+            };
+            let r = ratio(&stats);
+            rows.push(vec![
+                name.display().to_string(),
+                size("used"),
+                size("logicalused"),
+                if parsable { format!("{r:.2}") } else { format!("{r:.2}x") },
+                compression.clone(),
+            ]);
+            out.push(serde_json::json!({"name": name, "used": stats["used"], "logicalused": stats["logicalused"], "compressratio": r, "compression": compression}));
+        }
     }
+    if json {
+        println!("{}", serde_json::to_string_pretty(&out).expect("BUG: JSON"));
+    } else {
+        print_table(&["NAME", "USED", "LOGICAL", "RATIO", "COMPRESSION"], &rows, scripted);
+    }
+    Ok(())
 }
 
 pub struct Row {
@@ -221,94 +222,4 @@ pub fn engine_rows(snapshot: &Value, parsable: bool) -> Vec<(String, String)> {
         rows.push((format!("engine.auto.{alg}"), n.as_u64().unwrap_or(0).to_string()));
     }
     rows
-}
-
-pub fn print_table(header: &[&str], rows: &[Vec<String>], scripted: bool) {
-    if scripted {
-        for r in rows {
-            println!("{}", r.join("\t"));
-        }
-        return;
-    }
-    let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
-    for r in rows {
-        for (w, c) in widths.iter_mut().zip(r) {
-            *w = (*w).max(c.len());
-        }
-    }
-    let line = |cells: Vec<&str>| {
-        let mut out = String::new();
-        for (i, (c, w)) in cells.iter().zip(&widths).enumerate() {
-            if i + 1 == cells.len() { out.push_str(c) } else { out.push_str(&format!("{c:<w$}  ")) }
-        }
-        println!("{}", out.trim_end());
-    };
-    line(header.to_vec());
-    for r in rows {
-        line(r.iter().map(String::as_str).collect());
-    }
-}
-
-/// Every regular file at or below `path` (recursing only with `recursive`), symlinks not followed.
-pub fn files_below(path: &Path, recursive: bool) -> Result<Vec<(PathBuf, u64)>, String> {
-    let meta = std::fs::symlink_metadata(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    if meta.is_file() {
-        return Ok(vec![(path.to_path_buf(), meta.len())]);
-    }
-    if !meta.is_dir() {
-        return Err(format!("{}: not a regular file or directory", path.display()));
-    }
-    if !recursive {
-        return Err(format!("{}: is a directory (use -r)", path.display()));
-    }
-    let mut out = Vec::new();
-    let mut stack = vec![path.to_path_buf()];
-    while let Some(dir) = stack.pop() {
-        let entries = std::fs::read_dir(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-        for entry in entries {
-            let entry = entry.map_err(|e| format!("{}: {e}", dir.display()))?;
-            let kind = entry.file_type().map_err(|e| e.to_string())?;
-            if kind.is_dir() {
-                stack.push(entry.path());
-            } else if kind.is_file() {
-                let len = entry.metadata().map(|m| m.len()).unwrap_or(0);
-                out.push((entry.path(), len));
-            }
-        }
-    }
-    out.sort();
-    Ok(out)
-}
-
-/// Asks the daemon to rewrite one file (`spec`: "" or "compression=…,recordsize=…").
-pub fn recompress_file(file: &Path, spec: &str) -> Result<(), String> {
-    let p = cpath(file)?;
-    let name = file.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    let spec = if name.contains(',') { spec.to_string() } else if spec.is_empty() { format!("name={name}") } else { format!("{spec},name={name}") };
-    let r = unsafe { libc::setxattr(p.as_ptr(), Control::Recompress.c_name().as_ptr(), spec.as_ptr() as *const libc::c_void, spec.len(), 0) };
-    if r == 0 {
-        return Ok(());
-    }
-    let e = std::io::Error::last_os_error();
-    Err(match e.raw_os_error() {
-        Some(libc::EBUSY) => "open elsewhere; close it and run again to change its record size or convert it".to_string(),
-        Some(libc::EMLINK) => "hard-linked; left as it is".to_string(),
-        Some(libc::ENOTSUP) => "not on a densefs mount".to_string(),
-        _ => e.to_string(),
-    })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn sizes_print_like_zfs() {
-        assert_eq!(human(512), "512B");
-        assert_eq!(human(12_800), "12.5K");
-        assert_eq!(human(1_300_000_000), "1.21G");
-        assert_eq!(human(200 << 20), "200M");
-        assert_eq!(ratio(&serde_json::json!({"logicalused": 300, "used": 100})), 3.0);
-        assert_eq!(ratio(&serde_json::json!({"logicalused": 0, "used": 0})), 1.0);
-    }
 }
