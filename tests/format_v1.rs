@@ -3,6 +3,7 @@
 //! - tests/fixtures/v1-first: version 1 as the first densefs wrote it (header copy B at 512);
 //! - tests/fixtures/v1: version 1 after the inline area moved copy B to 64 (epoch fields zero);
 //! - tests/fixtures/v2: version 2, made by `make_fixtures` below.
+//!
 //! If this test fails, the format changed: bump FORMAT_VERSION, keep reading every version, and
 //! freeze a new set.
 
