@@ -4,8 +4,7 @@
 
 use crate::checksum::ChecksumKind;
 use crate::codec::{Codec, Compression};
-use crate::engine::policy::decode_record;
-use crate::engine::DecompressRequest;
+use crate::format::record::verify_and_decode;
 use crate::format::layout::{GROUP_RECORDS, INLINE_OFF, TABLE_SIZE};
 use crate::format::{decode_table, newest_first, Descriptor, FormatError, Header, Layout, SlotState};
 use std::collections::BTreeMap;
@@ -51,18 +50,13 @@ impl FileStats {
     }
 }
 
-fn read_stored(file: &File, layout: Layout, record: u64, slot: usize, d: &Descriptor, kind: ChecksumKind) -> io::Result<DecompressRequest> {
+/// Verifies and decodes one copy of a record: `Err` names why it cannot be served.
+fn check_copy(file: &File, layout: Layout, record: u64, slot: usize, d: &Descriptor, kind: ChecksumKind) -> io::Result<Result<(), FormatError>> {
     let mut stored = vec![0u8; d.stored_len as usize];
     let at = if d.is_inline() { INLINE_OFF } else { layout.record_to_slot_off(record, slot) };
-    let mut done = 0;
-    while done < stored.len() {
-        match file.read_at(&mut stored[done..], at + done as u64)? {
-            0 => break,
-            n => done += n,
-        }
-    }
-    stored.truncate(done);
-    Ok(DecompressRequest { codec: d.codec(), stored, logical_len: d.logical_len as usize, checksum_kind: kind, checksum: d.checksum })
+    // A slot cut short keeps its length: the missing bytes read as zeros and fail the checksum.
+    crate::core::lower::pread_full(file, &mut stored, at)?;
+    Ok(verify_and_decode(d.codec(), &stored, d.logical_len as usize, kind, d.checksum).map(drop))
 }
 
 /// Statistics of one lower file; with `verify`, every current record is read, checksummed and
@@ -147,10 +141,9 @@ pub fn inspect(file: &File, verify: bool) -> io::Result<FileStats> {
         }
         *stats.records.entry(key).or_default() += 1;
         if verify && !d.is_hole() {
-            let req = read_stored(file, layout, record, slot, &d, header.checksum)?;
-            if let Err(e) = decode_record(&req) {
+            if let Err(e) = check_copy(file, layout, record, slot, &d, header.checksum)? {
                 let older_ok = copies.get(1).is_some_and(|(s2, d2)| {
-                    read_stored(file, layout, record, *s2, d2, header.checksum).is_ok_and(|r| decode_record(&r).is_ok())
+                    check_copy(file, layout, record, *s2, d2, header.checksum).is_ok_and(|r| r.is_ok())
                 });
                 let what = if older_ok {
                     format!("slot {slot}: {e}; the previous copy is served instead")

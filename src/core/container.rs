@@ -21,6 +21,7 @@ use crate::checksum::ChecksumKind;
 use crate::codec::Compression;
 use crate::engine::{CompressRequest, DecompressRequest, Encoded, Engine, EngineError, Job, Output, RecordPolicy, Work};
 use crate::format::layout::{round_up_block, GROUP_RECORDS, HEADER_BLOCK, INLINE_CAPACITY, INLINE_OFF, TABLE_SIZE};
+use crate::format::durability::Epochs;
 use crate::format::{decode_table, newest_first, Descriptor, Header, Layout, Pair, SlotState, FLAG_INLINE};
 use parking_lot::{Condvar, Mutex, MutexGuard, RwLock, RwLockReadGuard};
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
@@ -34,9 +35,6 @@ const DIRTY_LIMIT: usize = 64 << 20;
 const INFLIGHT_LIMIT: usize = 64 << 20;
 /// Decoded records kept for small reads that hit the same record again.
 const CLEAN_CACHE_RECORDS: usize = 16;
-/// How far a new run's epochs start past the last durable header: a run's copies can carry
-/// epochs up to this many past it (syncs that failed after advancing the epoch are capped).
-const EPOCH_GAP: u64 = 1024;
 /// Groups of descriptors cached per file (2 KiB each): tables are re-read when evicted, so a
 /// huge file's metadata does not grow memory without bound.
 const TABLE_CACHE_GROUPS: usize = 256;
@@ -108,10 +106,7 @@ struct State {
     /// with a sync (a crash or power cut): possibly torn, and not durable. Each group's table
     /// is healed when first loaded (torn copies cleared, intact ones re-stamped with `epoch`),
     /// and the range is kept in the header until every group has been.
-    epoch: u64,
-    durable_below: u64,
-    run_base: u64,
-    heal_from: u64,
+    epochs: Epochs,
     /// Groups healed in this run, and how many exist (for dropping the range once all are).
     healed: HashSet<u64>,
     groups_to_heal: u64,
@@ -160,10 +155,6 @@ enum Source {
 impl State {
     fn new(compression: Compression, policy: RecordPolicy, header: &Header, groups: u64, mtime: libc::timespec, memory: Arc<Memory>) -> State {
         let (size, header_seq) = (header.size, header.sequence);
-        // Copies from `heal_from` (an earlier unhealed range, or the last sync of the previous
-        // run) up to here are suspect; this run counts from past anything that run could use.
-        let heal_from = if header.heal_from != 0 { header.heal_from.min(header.durable_below) } else { header.durable_below };
-        let run_base = header.durable_below.max(header.heal_from) + EPOCH_GAP;
         State {
             compression,
             policy,
@@ -183,10 +174,7 @@ impl State {
             deferred_punch: BTreeSet::new(),
             write_error: None,
             memory,
-            epoch: run_base,
-            durable_below: run_base,
-            run_base,
-            heal_from,
+            epochs: Epochs::for_run(header),
             healed: HashSet::new(),
             groups_to_heal: groups,
             announced: false,
@@ -221,18 +209,10 @@ impl State {
         self.mtime_to_restore = true;
     }
 
-    fn is_durable(&self, epoch: u64) -> bool {
-        epoch < self.heal_from || (self.run_base..self.durable_below).contains(&epoch)
-    }
-
-    fn is_suspect(&self, epoch: u64) -> bool {
-        (self.heal_from..self.run_base).contains(&epoch)
-    }
-
     /// The range the header keeps: 0 once every group is healed.
     fn persisted_heal_from(&self) -> u64 {
         let done = self.all_healed() && self.unpersisted.is_empty();
-        if done { 0 } else { self.heal_from }
+        if done { 0 } else { self.epochs.heal_from }
     }
 
     fn forget_clean(&mut self, record: u64) {
@@ -321,7 +301,7 @@ impl Container {
             sequence: 0,
             // A new file: this run's epochs (from 2 * EPOCH_GAP) are already past what the header
             // says, so it needs no announcement (and no sync) before its first write.
-            durable_below: EPOCH_GAP,
+            durable_below: Epochs::NEW_FILE_DURABLE_BELOW,
             heal_from: 0,
         };
         let container = Container::assemble(lower, header, &meta, policy, engine, memory, label);
@@ -450,7 +430,7 @@ impl Container {
         if st.healed.insert(group) {
             self.heal(st, group, &mut table)?;
             // A run that only reads keeps the healed view in memory and writes no header.
-            if st.all_healed() && st.heal_from != 0 && st.announced {
+            if st.all_healed() && st.epochs.heal_from != 0 && st.announced {
                 st.header_stale = true;
             }
         }
@@ -474,28 +454,18 @@ impl Container {
         let mut changed = false;
         for (i, pair) in table.iter_mut().enumerate() {
             let record = group * GROUP_RECORDS + i as u64;
-            let both = pair.iter().all(|s| matches!(s, SlotState::Valid(_)));
-            // Only where two copies compete does a torn one matter: check those.
+            let check = st.epochs.slots_to_check(pair);
             let mut intact = [true; 2];
             for slot in 0..2 {
-                if let SlotState::Valid(d) = pair[slot] {
-                    if both && st.is_suspect(d.epoch) && !d.is_hole() {
-                        let req = self.read_slot(record, slot, &d)?;
-                        intact[slot] = self.checksum.compute(&req.stored) == d.checksum;
-                    }
+                if let (true, SlotState::Valid(d)) = (check[slot], pair[slot]) {
+                    let req = self.read_slot(record, slot, &d)?;
+                    intact[slot] = self.checksum.compute(&req.stored) == d.checksum;
                 }
             }
-            for slot in 0..2 {
-                let SlotState::Valid(d) = pair[slot] else { continue };
-                if !st.is_suspect(d.epoch) {
-                    continue;
-                }
-                pair[slot] = if intact[slot] {
-                    SlotState::Valid(Descriptor { epoch: st.epoch, ..d })
-                } else {
+            if let Some(dropped) = st.epochs.heal(pair, intact) {
+                for slot in (0..2).filter(|&s| dropped[s]) {
                     warn!(file = %self.label, record, slot, "dropping a copy torn by a crash or power cut (never synced); the previous copy stays");
-                    SlotState::Empty
-                };
+                }
                 changed = true;
             }
         }
@@ -538,7 +508,7 @@ impl Container {
             group = found + 1;
         }
         st.heal_complete = true;
-        if st.heal_from != 0 {
+        if st.epochs.heal_from != 0 {
             st.header_stale = true;
         }
         Ok(())
@@ -566,7 +536,7 @@ impl Container {
                 self.write_table(st, group, &table)?;
             }
         }
-        if st.all_healed() && st.heal_from != 0 {
+        if st.all_healed() && st.epochs.heal_from != 0 {
             st.header_stale = true;
         }
         Ok(())
@@ -972,14 +942,7 @@ impl Container {
         // Keep the last durable copy: if the current copy is not durable yet (written in this
         // sync epoch — including before a crash or power cut, when it may even be torn) and the
         // other slot holds an older one, overwrite the current copy in place.
-        let target = match found.first() {
-            None => 0,
-            Some(&(current, d)) => {
-                let other = 1 - current;
-                let other_used = pair[other] != SlotState::Empty;
-                if other_used && !st.is_durable(d.epoch) { current } else { other }
-            }
-        };
+        let target = st.epochs.target_slot(&pair);
         let generation = found.first().map_or(0, |(_, d)| d.generation) + 1;
         let stored = encoded.bytes.len() as u64;
         let inline = record == 0 && target == 0 && stored > 0 && stored <= INLINE_CAPACITY;
@@ -1017,7 +980,7 @@ impl Container {
             level: encoded.level,
             flags: if inline { FLAG_INLINE } else { 0 },
             checksum: encoded.checksum,
-            epoch: st.epoch,
+            epoch: st.epochs.epoch,
         };
         self.set_descriptor(st, record, target, SlotState::Valid(descriptor))?;
         if pair[1 - target] != SlotState::Empty {
@@ -1120,7 +1083,7 @@ impl Container {
             level: st.compression.level as i8,
             size: st.size,
             sequence,
-            durable_below: st.durable_below,
+            durable_below: st.epochs.durable_below,
             heal_from: st.persisted_heal_from(),
         };
         let encoded = header.encode();
@@ -1154,11 +1117,7 @@ impl Container {
         let (was_stale, closing) = {
             let mut st = self.state.lock();
             // Copies written from here on belong to the next epoch: this sync does not cover them.
-            let closing = st.epoch;
-            // Capped (syncs failing over and over): a later run must start past every epoch used.
-            if st.epoch + 1 < st.durable_below + EPOCH_GAP / 2 {
-                st.epoch += 1;
-            }
+            let closing = st.epochs.begin_sync();
             (std::mem::take(&mut st.stale), closing)
         };
         let synced = if datasync { lower::fdatasync(&self.lower) } else { lower::fsync(&self.lower) };
@@ -1173,7 +1132,7 @@ impl Container {
             // which copies are durable: taking a durable copy for a possibly torn one (or the
             // reverse) would make the next write overwrite the copy that must survive.
             let mut st = self.state.lock();
-            st.durable_below = st.durable_below.max(closing + 1);
+            st.epochs.synced(closing);
             st.header_stale = true;
             self.write_header(&mut st)?;
         }
@@ -1205,13 +1164,11 @@ impl Container {
                 continue;
             }
             let pair = self.pair(&mut st, record)?;
-            let Some(&(current, d)) = newest_first(&pair).first() else { continue };
-            if !st.is_durable(d.epoch) {
+            let Ok(free) = st.epochs.reclaimable(&pair) else {
                 st.stale.insert(record); // rewritten again since: its old copy is still needed
                 continue;
-            }
-            let other = 1 - current;
-            if pair[other] != SlotState::Empty {
+            };
+            if let Some(other) = free {
                 self.set_descriptor(&mut st, record, other, SlotState::Empty)?;
                 lower::punch_hole(&self.lower, self.layout.record_to_slot_off(record, other), rs)?;
             }
