@@ -14,6 +14,8 @@
 //! no lock is held while waiting on the engine. The landing queue has its own small lock, never
 //! held while taking another.
 
+#[cfg(test)]
+mod model_tests;
 mod resize;
 mod sync;
 
