@@ -393,7 +393,10 @@ impl Store {
             return Ok(());
         }
         st.header_stale = true;
-        self.write_header(st)?;
+        // The size stays what the last header said: records of this run may still be dirty
+        // (say, a tail zeroed before the file grew), and a larger size must not reach the disk
+        // before they have landed, or a crash would show what they held before.
+        self.write_header_sized(st, st.persisted_size)?;
         lower::fdatasync(&self.lower)?;
         st.announced = true;
         for group in std::mem::take(&mut st.unpersisted) {
@@ -429,11 +432,16 @@ impl Store {
 
     // ---- header and syncs --------------------------------------------------------------
 
+    /// Writes the header (if anything in it changed), recording the current size.
     pub fn write_header(&self, st: &mut StoreState) -> FsResult<()> {
-        if st.size == st.persisted_size && !st.header_stale {
+        self.write_header_sized(st, st.size)
+    }
+
+    fn write_header_sized(&self, st: &mut StoreState, size: u64) -> FsResult<()> {
+        if size == st.persisted_size && !st.header_stale {
             return Ok(());
         }
-        if st.size == 0 && !st.header_on_disk {
+        if size == 0 && !st.header_on_disk {
             return Ok(()); // an empty new file stays an empty lower file
         }
         st.touch();
@@ -443,7 +451,7 @@ impl Store {
             checksum: self.checksum,
             codec: st.compression.codec,
             level: st.compression.level as i8,
-            size: st.size,
+            size,
             sequence,
             durable_below: st.epochs.durable_below,
             heal_from: st.persisted_heal_from(),
@@ -456,7 +464,7 @@ impl Store {
             lower::pwrite_all(&self.lower, &[encoded.as_slice(), encoded.as_slice()].concat(), 0)?;
         }
         st.header_seq = sequence;
-        st.persisted_size = st.size;
+        st.persisted_size = size;
         st.header_stale = false;
         st.header_on_disk = true;
         Ok(())

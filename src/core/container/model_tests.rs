@@ -8,6 +8,8 @@
 //! anything else), and its size must be one of those versions' sizes. The model continues from
 //! what the reopened file holds.
 //!
+//! A dropped container (no flush, its queued landings finish) is checked the same way.
+//!
 //! A failing seed is printed with its operations; add it to `REGRESSIONS` so it always runs.
 //! `DENSEFS_MODEL_SEEDS=n` runs n random seeds instead of the default few.
 
@@ -23,6 +25,10 @@ use std::sync::Arc;
 
 /// Seeds that once failed (or cover a case worth keeping), by name: they always run.
 const REGRESSIONS: &[(&str, u64)] = &[
+    // A header announcing the run recorded the grown size while the zeroed tail record (a
+    // truncate, then a write far past the end) was still dirty: stale bytes after a crash.
+    // Depends on landing order: failed about one run in five before the fix.
+    ("the announcement keeps the last size", 117665080017039),
     ("small records, lz4, crashes after truncates", 1),
     ("16 KiB records, zstd, inline first record", 2),
     ("raw records, far writes across groups", 3),
@@ -96,6 +102,23 @@ impl Harness {
             std::fs::copy(&self.path, &copy).unwrap();
         }
         self.reopen(copy);
+    }
+
+    /// Drops the container without flushing (a process that exits without closing): what is in
+    /// flight still lands, what is dirty is lost. Reopens the same lower file once the old
+    /// container is gone.
+    fn drop_unflushed(&mut self) {
+        let old = Arc::downgrade(&self.container);
+        // Stand in with an empty container on a scratch file (creating one writes nothing).
+        let (path, scratch) = (self.path.clone(), self.dir.path().join("scratch"));
+        self.reopen(scratch);
+        self.path = path;
+        let start = std::time::Instant::now();
+        while old.upgrade().is_some() {
+            assert!(start.elapsed() < std::time::Duration::from_secs(30), "queued landings never finished");
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        self.reopen(self.path.clone());
     }
 
     fn read_all(&self) -> Vec<u8> {
@@ -200,8 +223,13 @@ fn run_seed(name: &str, seed: u64) {
                 versions = vec![model.clone()];
             }
             _ => {
-                log.push("crash".into());
-                h.crash();
+                if rng.below(2) == 0 {
+                    log.push("crash".into());
+                    h.crash();
+                } else {
+                    log.push("drop without flush".into());
+                    h.drop_unflushed();
+                }
                 let got = h.read_all();
                 // A header written mid-operation (a landing announcing the run) may record a size
                 // between two versions': never more than the largest.
