@@ -31,7 +31,9 @@
 //! 28  4  crc32c of bytes 0..28 (u32 LE)
 //! ```
 
+pub mod durability;
 pub mod layout;
+pub mod record;
 
 pub use crate::checksum::ChecksumKind;
 use crate::codec::{Codec, CodecError};
