@@ -273,7 +273,7 @@ fn every_kind_of_corruption_is_eio_for_that_file_or_record_only_and_scrub_lists_
     // A header from a future format version (valid checksum).
     patch(&lower("future"), 0, |b| {
         for at in [0usize, 64] {
-            b[at + 8] = 2;
+            b[at + 8] = 9;
             let crc = crc32c::crc32c(&b[at..at + 60]);
             b[at + 60..at + 64].copy_from_slice(&crc.to_le_bytes());
         }
@@ -300,7 +300,7 @@ fn every_kind_of_corruption_is_eio_for_that_file_or_record_only_and_scrub_lists_
     }
     assert!(fs::read(m.path("ok")).unwrap() == data);
     let log = m.log_text();
-    for (file, says) in [("flip", "record 5"), ("trunc", "record 41"), ("descriptor", "record=3"), ("zero_header", "header is gone"), ("future", "format version 2")] {
+    for (file, says) in [("flip", "record 5"), ("trunc", "record 41"), ("descriptor", "record=3"), ("zero_header", "header is gone"), ("future", "format version 9")] {
         assert!(log.lines().any(|l| l.contains(file) && l.contains(says)), "no log line for {file} saying '{says}':\n{log}");
     }
     // scrub finds every damaged file (and record), and not the intact one.
