@@ -119,6 +119,22 @@ pub struct GpuDevice {
     lanes: Vec<JoinHandle<()>>,
 }
 
+/// The device table's probe (engine/mod.rs `DEVICES`): the GPU if it opens and passes its
+/// self-test; `DENSEFS_GPU=N` picks another GPU than the first.
+pub fn probe(_: &mut super::EngineConfig) -> Result<super::Probe, String> {
+    let mut config = GpuConfig::default();
+    if let Some(n) = std::env::var("DENSEFS_GPU").ok().and_then(|v| v.parse().ok()) {
+        config.ordinal = n;
+    }
+    Ok(match GpuDevice::open(config) {
+        Ok(gpu) => {
+            let note = format!("gpu: {}", gpu.describe());
+            super::Probe::Found(Arc::new(gpu), Some(note))
+        }
+        Err(e) => super::Probe::Absent(format!("gpu: {e}")),
+    })
+}
+
 impl GpuDevice {
     /// Finds the GPU and nvCOMP, starts the lanes and runs a self-test (every format compressed
     /// on the GPU and decoded by the CPU codecs, and the reverse); any failure says why.
