@@ -182,3 +182,14 @@ fn auto_is_a_setting_without_a_row_and_never_panics() {
     assert!(Codec::Auto.decompress(b"abc", &mut [0u8; 3]).is_err());
     assert!(!Codec::Auto.is_fast());
 }
+
+#[test]
+fn the_docs_list_every_codec_of_the_table() {
+    let format = include_str!("../../docs/FORMAT.md");
+    let readme = include_str!("../../README.md");
+    for row in &CODECS {
+        let id = row.codec as u8;
+        assert!(format.lines().any(|l| l.starts_with(&format!("| {id} | {}", row.name))), "docs/FORMAT.md's codec id table lacks {id} ({})", row.name);
+        assert!(readme.contains(&format!("`{}`", row.name)), "README.md's compression row lacks {}", row.name);
+    }
+}
