@@ -173,11 +173,6 @@ impl Codec {
         CODECS.get(self as usize)
     }
 
-    /// The codec's row. Only for real codecs: `auto` has none (see [`Codec::row`]).
-    pub fn info(self) -> &'static CodecInfo {
-        self.row().expect("BUG: 'auto' is resolved to a codec by the engine before use")
-    }
-
     pub fn name(self) -> &'static str {
         self.row().map_or(AUTO_NAME, |r| r.name)
     }

@@ -415,7 +415,7 @@ impl Inner {
     fn compress_here(&self, req: &CompressRequest) -> Encoded {
         let start = Instant::now();
         let data = req.data.as_slice();
-        let compression = if req.compression.codec == Codec::Auto {
+        let compression = if req.compression.is_auto() {
             let backlog = self.cpu.waiting() as f32 / self.cpu.threads() as f32;
             let chosen = policy::choose_auto(policy::sample_entropy(data), req.min_savings, policy::AutoTarget::Cpu { backlog_per_worker: backlog });
             self.stats.auto_chose(chosen.codec);
