@@ -298,6 +298,14 @@ mod tests {
     }
 
     #[test]
+    fn the_readme_documents_every_property_of_the_table() {
+        let readme = include_str!("../../README.md");
+        for p in &PROPERTIES {
+            assert!(readme.contains(&format!("| `{}` |", p.name)), "README.md's option table lacks {}", p.name);
+        }
+    }
+
+    #[test]
     fn sizes_have_one_grammar() {
         for (text, bytes) in [("131072", 131072), ("128K", 128 << 10), ("128k", 128 << 10), ("128KiB", 128 << 10), ("1M", 1 << 20), ("1MiB", 1 << 20), ("1m", 1 << 20), ("2G", 2 << 30), ("1GiB", 1 << 30)] {
             assert_eq!(parse_size(text), Some(bytes), "{text}");
