@@ -2,12 +2,10 @@
 //! report) and a scrub that verifies every record's checksum and decoding. Works on any lower
 //! file, mounted or not; it only reads.
 
-use crate::checksum::ChecksumKind;
 use crate::codec::{Codec, Compression};
-use crate::engine::policy::decode_record;
-use crate::engine::DecompressRequest;
-use crate::format::layout::{GROUP_RECORDS, INLINE_OFF, TABLE_SIZE};
-use crate::format::{decode_table, newest_first, Descriptor, FormatError, Header, Layout, SlotState};
+use crate::core::store::Store;
+use crate::format::layout::GROUP_RECORDS;
+use crate::format::{newest_first, FormatError, Header, SlotState};
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::io;
@@ -51,20 +49,6 @@ impl FileStats {
     }
 }
 
-fn read_stored(file: &File, layout: Layout, record: u64, slot: usize, d: &Descriptor, kind: ChecksumKind) -> io::Result<DecompressRequest> {
-    let mut stored = vec![0u8; d.stored_len as usize];
-    let at = if d.is_inline() { INLINE_OFF } else { layout.record_to_slot_off(record, slot) };
-    let mut done = 0;
-    while done < stored.len() {
-        match file.read_at(&mut stored[done..], at + done as u64)? {
-            0 => break,
-            n => done += n,
-        }
-    }
-    stored.truncate(done);
-    Ok(DecompressRequest { codec: d.codec(), stored, logical_len: d.logical_len as usize, checksum_kind: kind, checksum: d.checksum })
-}
-
 /// Statistics of one lower file; with `verify`, every current record is read, checksummed and
 /// decoded, and each failure is listed.
 pub fn inspect(file: &File, verify: bool) -> io::Result<FileStats> {
@@ -91,6 +75,8 @@ pub fn inspect(file: &File, verify: bool) -> io::Result<FileStats> {
     let file_setting = Compression { codec: header.codec, level: header.level as i32 };
     stats.compression = Some(file_setting.to_string());
     let layout = header.layout;
+    // Tables and slots are read as the container reads them (not healed: what is on the disk).
+    let store = Store::reader(file.try_clone()?, layout, header.checksum, String::new());
     let records = layout.plain_size_to_records(header.size);
     let mut table = Box::default();
     let mut table_group = u64::MAX;
@@ -102,8 +88,7 @@ pub fn inspect(file: &File, verify: bool) -> io::Result<FileStats> {
         if group != table_group {
             // Groups with nothing on the lower file (never written: a sparse file, or a damaged
             // header claiming a huge size) are holes, counted without walking them.
-            let region = if group == 0 { 0 } else { layout.group_to_table_off(group) };
-            let stored = crate::core::lower::seek_data(file, region)?.map(|off| layout.lower_off_to_group(off).max(group));
+            let stored = store.next_stored_group(group)?;
             let skip_to = match stored {
                 Some(g) if g == group => record,
                 Some(g) => (g * GROUP_RECORDS).min(records),
@@ -116,9 +101,7 @@ pub fn inspect(file: &File, verify: bool) -> io::Result<FileStats> {
             }
         }
         if group != table_group {
-            let mut raw = vec![0u8; TABLE_SIZE as usize];
-            let _ = file.read_at(&mut raw, layout.group_to_table_off(group))?;
-            table = decode_table(&raw, group, layout);
+            table = store.read_table(group)?;
             table_group = group;
         }
         let pair = table[layout.record_to_entry_index(record)];
@@ -147,11 +130,8 @@ pub fn inspect(file: &File, verify: bool) -> io::Result<FileStats> {
         }
         *stats.records.entry(key).or_default() += 1;
         if verify && !d.is_hole() {
-            let req = read_stored(file, layout, record, slot, &d, header.checksum)?;
-            if let Err(e) = decode_record(&req) {
-                let older_ok = copies.get(1).is_some_and(|(s2, d2)| {
-                    read_stored(file, layout, record, *s2, d2, header.checksum).is_ok_and(|r| decode_record(&r).is_ok())
-                });
+            if let Err(e) = store.decode_copy(record, slot, &d)? {
+                let older_ok = copies.get(1).is_some_and(|(s2, d2)| store.decode_copy(record, *s2, d2).is_ok_and(|r| r.is_ok()));
                 let what = if older_ok {
                     format!("slot {slot}: {e}; the previous copy is served instead")
                 } else {

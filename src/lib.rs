@@ -6,16 +6,15 @@
 //! - [`format`]: the container format (header, slot descriptors) and its offset arithmetic;
 //! - [`core`]: the file system, independent of FUSE;
 //! - [`fuse`]: the thin FUSE adapter;
-//! - [`mount`]: the mount/umount commands (the CLI lives in main.rs).
+//! - [`cli`]: the command line (main.rs only parses and dispatches).
 
-pub mod admin;
 pub mod checksum;
+pub mod cli;
 pub mod codec;
+pub mod control;
 pub mod core;
 pub mod engine;
 pub mod format;
 pub mod fuse;
 pub mod inspect;
-pub mod iostat;
-pub mod logging;
-pub mod mount;
+

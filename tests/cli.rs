@@ -167,7 +167,7 @@ fn commands_refuse_paths_outside_densefs_mounts() {
 }
 
 fn mounts_at(mnt: &Path) -> usize {
-    densefs::mount::mountinfo().iter().filter(|m| m.point == mnt).count()
+    densefs::cli::mountinfo::mountinfo().iter().filter(|m| m.point == mnt).count()
 }
 
 #[test]

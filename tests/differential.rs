@@ -1032,10 +1032,8 @@ fn resolve(index: usize, op: &Op, reference: &Side) -> Op {
             }
             // A directory (open(O_RDONLY) of "a"): read(2) and fsync(2) are compared, anything
             // else (lseek, SEEK_DATA, mmap) behaves per file system; the slot is closed instead.
-            Some(f) if f.metadata().is_ok_and(|m| m.is_dir()) => {
-                if !matches!(op, Op::Read { .. } | Op::Pread { .. } | Op::Fsync { .. } | Op::Close { .. }) {
-                    return Op::Close { slot };
-                }
+            Some(f) if f.metadata().is_ok_and(|m| m.is_dir()) && !matches!(op, Op::Read { .. } | Op::Pread { .. } | Op::Fsync { .. } | Op::Close { .. }) => {
+                return Op::Close { slot };
             }
             _ => {}
         }
@@ -1226,7 +1224,8 @@ fn minimize(cfg: Config, mut ops: Vec<(usize, Op)>, budget: Duration) -> (Vec<(u
     while ops.len() >= 2 && start.elapsed() < budget {
         let chunk = ops.len().div_ceil(n);
         let mut reduced = false;
-        for i in 0..n {
+        let parts = n; // n may shrink below; this pass walks the parts it started with
+        for i in 0..parts {
             let lo = i * chunk;
             if lo >= ops.len() {
                 break;

@@ -95,9 +95,8 @@ fn setuid_files_and_devices_follow_nosuid_and_nodev() {
     let d = Dirs::new();
     open_to_everyone(&d);
     let m = Mount::new(&d.lower, &d.mnt, "");
-    let info = fs::read_to_string("/proc/self/mountinfo").unwrap();
-    let line = info.lines().find(|l| l.split(' ').nth(4) == Some(s(&m.mnt))).unwrap();
-    let flags = line.split(' ').nth(5).unwrap();
+    let entry = densefs::cli::mountinfo::mountinfo().into_iter().find(|e| e.point == m.mnt).unwrap();
+    let flags = entry.mount_options;
     assert!(flags.contains("nosuid") && flags.contains("nodev"), "mount flags: {flags}");
     // A setuid-root copy of id(1) does not make nobody root.
     fs::copy("/usr/bin/id", m.path("id")).unwrap();

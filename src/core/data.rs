@@ -237,7 +237,7 @@ impl DenseFs {
     pub(super) fn let_go_if_unlinked(&self, dev: u64, ino: u64) {
         let Some(inode) = self.inodes.find(dev, ino) else { return };
         let mut open = inode.open.lock();
-        if open.handles > 0 || !open.content.as_ref().is_some_and(|c| c.lower_links() == 0) {
+        if open.handles > 0 || open.content.as_ref().is_none_or(|c| c.lower_links() != 0) {
             return;
         }
         open.content = None;

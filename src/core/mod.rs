@@ -5,16 +5,19 @@
 //! xattrs pass straight through to the lower tree; only regular-file contents are transformed
 //! (see [`container`]).
 
+pub mod buffers;
 pub mod container;
 pub mod data;
 pub mod error;
 mod inodes;
+mod landing;
 pub mod lower;
 pub mod memory;
 mod namespace;
 pub mod props;
 mod recompress;
 mod report;
+pub mod store;
 mod xattr;
 
 use crate::checksum::ChecksumKind;

@@ -10,28 +10,20 @@
 //! the `densefs` command talks to the daemon. On a symlink these names answer as user.* does on
 //! Linux symlinks (ENODATA to read, EPERM to set or remove) and never reach the lower inode
 //! (the kernel refuses them before they get here; this is the daemon's own guard).
-//! - `user.densefs.<property>`: read the effective value; set it (directories); remove it
-//!   (inherit again);
-//! - `user.densefs.properties`, `.report`, `.scrub`, `.datasets` (read-only): JSON reports (see
-//!   report.rs);
-//! - `user.densefs.engine` (read-only): the compression engine's live counters (engine/stats.rs);
-//! - `user.densefs.recompress` (write-only, files): rewrite with the given or current settings.
+//! The requests are the table in `crate::control` (reports, engine counters, recompress, the
+//! properties); the dispatch below matches on its [`Control`] values, never on spelled names.
 
 use super::error::check;
 use super::inodes::Node;
 use super::lower::{self, cstr};
 use super::props::{PROPS_XATTR, XATTR_PREFIX};
-use super::report::ReportKind;
 use super::{DenseFs, FsError, FsResult};
+use crate::control::{own_key, Control};
 use std::ffi::{CString, OsStr};
 use std::time::{Duration, Instant};
 
 /// A report computed for a size probe is served to the read that follows it.
 const REPORT_REUSE: Duration = Duration::from_secs(10);
-
-fn own_name(name: &OsStr) -> Option<&str> {
-    name.to_str().and_then(|n| n.strip_prefix(XATTR_PREFIX))
-}
 
 impl DenseFs {
     /// The path the xattr calls take for `nodeid`, and the descriptor behind it (kept open, in
@@ -47,15 +39,13 @@ impl DenseFs {
     }
 
     fn own_getxattr(&self, nodeid: u64, key: &str, probe: bool) -> FsResult<Vec<u8>> {
-        let what = match key {
-            "properties" => ReportKind::Properties,
-            "report" => ReportKind::Stats,
-            "scrub" => ReportKind::Scrub,
-            "datasets" => ReportKind::Datasets,
-            "props" => return Err(FsError::errno(libc::ENODATA)),
+        let what = match Control::parse(key) {
+            Some(Control::Report(kind)) => kind,
             // Live counters: cheap, never cached, the same on every path of the mount.
-            "engine" => return Ok(self.engine_report().into_bytes()),
-            prop => return self.property_value(nodeid, prop).map(String::into_bytes),
+            Some(Control::Engine) => return Ok(self.engine_report().into_bytes()),
+            Some(Control::Property(name)) => return self.property_value(nodeid, name).map(String::into_bytes),
+            // Write-only (recompress), the lower tree's own store (`props`), unknown names.
+            Some(Control::Recompress) | None => return Err(FsError::errno(libc::ENODATA)),
         };
         let mut cache = self.last_report.lock();
         if let Some((id, k, at, value)) = cache.as_ref() {
@@ -81,7 +71,7 @@ impl DenseFs {
     /// Reads a whole value (sized by asking the lower first). `probe`: the caller only wants the
     /// size and will ask again.
     pub fn getxattr(&self, nodeid: u64, name: &OsStr, probe: bool) -> FsResult<Vec<u8>> {
-        if let Some(key) = own_name(name) {
+        if let Some(key) = own_key(name) {
             if self.is_symlink(nodeid)? {
                 return Err(FsError::errno(libc::ENODATA));
             }
@@ -123,15 +113,17 @@ impl DenseFs {
     }
 
     pub fn setxattr(&self, nodeid: u64, name: &OsStr, value: &[u8], flags: i32) -> FsResult<()> {
-        if let Some(key) = own_name(name) {
+        if let Some(key) = own_key(name) {
             if self.is_symlink(nodeid)? {
                 return Err(FsError::new(libc::EPERM, "densefs's own attributes do not apply to symlinks"));
             }
             let value = std::str::from_utf8(value).map_err(|_| FsError::new(libc::EINVAL, "property values are text"))?;
-            if key == "recompress" {
-                return self.recompress(nodeid, value);
-            }
-            return self.set_property(nodeid, key, Some(value.trim()));
+            return match Control::parse(key) {
+                Some(Control::Recompress) => self.recompress(nodeid, value),
+                Some(Control::Property(name)) => self.set_property(nodeid, name, Some(value.trim())),
+                // Nothing settable: refused there as an unknown property (ENOTDIR on a file, else EINVAL).
+                _ => self.set_property(nodeid, key, Some(value.trim())),
+            };
         }
         let (_node, path) = self.xattr_target(nodeid)?;
         let name = cstr(name)?;
@@ -142,11 +134,15 @@ impl DenseFs {
     }
 
     pub fn removexattr(&self, nodeid: u64, name: &OsStr) -> FsResult<()> {
-        if let Some(key) = own_name(name) {
+        if let Some(key) = own_key(name) {
             if self.is_symlink(nodeid)? {
                 return Err(FsError::new(libc::EPERM, "densefs's own attributes do not apply to symlinks"));
             }
-            return self.set_property(nodeid, key, None);
+            return match Control::parse(key) {
+                Some(Control::Property(name)) => self.set_property(nodeid, name, None),
+                // Nothing to inherit: refused there as an unknown property.
+                _ => self.set_property(nodeid, key, None),
+            };
         }
         let (_node, path) = self.xattr_target(nodeid)?;
         let name = cstr(name)?;

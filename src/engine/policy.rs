@@ -154,16 +154,12 @@ pub fn encode_record(data: &[u8], compression: Compression, min_savings: MinSavi
     keep_or_raw(data, compression, compressed, min_savings, checksum)
 }
 
+/// The format's rule (`format::record`), with the engine's error.
 pub fn decode_record(req: &DecompressRequest) -> Result<Vec<u8>, EngineError> {
-    if req.stored.is_empty() {
-        return Ok(vec![0u8; req.logical_len]);
-    }
-    if req.checksum_kind.compute(&req.stored) != req.checksum {
-        return Err(EngineError::ChecksumMismatch);
-    }
-    let mut out = vec![0u8; req.logical_len];
-    req.codec.decompress(&req.stored, &mut out).map_err(EngineError::Codec)?;
-    Ok(out)
+    crate::format::record::verify_and_decode(req.codec, &req.stored, req.logical_len, req.checksum_kind, req.checksum).map_err(|e| match e {
+        crate::format::FormatError::Codec(c) => EngineError::Codec(c),
+        _ => EngineError::ChecksumMismatch,
+    })
 }
 
 #[cfg(test)]

@@ -31,7 +31,9 @@
 //! 28  4  crc32c of bytes 0..28 (u32 LE)
 //! ```
 
+pub mod durability;
 pub mod layout;
+pub mod record;
 
 pub use crate::checksum::ChecksumKind;
 use crate::codec::{Codec, CodecError};
@@ -39,9 +41,13 @@ pub use layout::{Layout, Piece};
 use layout::{GROUP0_TABLE_OFF, MAX_RECORD_SHIFT, TABLE_SIZE};
 
 pub const MAGIC: [u8; 8] = *b"DENSEFS\0";
-pub const FORMAT_VERSION: u16 = 1;
+/// Version 2: header copy B at 64, the inline area, epochs. Version 1 files of both layouts it
+/// had are read too (docs/FORMAT.md, "Version history"); a header write makes them version 2.
+pub const FORMAT_VERSION: u16 = 2;
 pub const HEADER_COPY_SIZE: usize = 64;
 pub const HEADER_COPY_STRIDE: usize = 64;
+/// Where the first densefs (format 1, before the inline area) kept header copy B.
+const FIRST_LAYOUT_COPY_B: usize = 512;
 pub const DESCRIPTOR_SIZE: usize = layout::DESCRIPTOR_SIZE as usize;
 
 /// Why a container's metadata could not be used.
@@ -162,13 +168,22 @@ impl Header {
     /// more). `Ok(None)`: not a container (no magic in either copy) — a plain file.
     pub fn decode(block: &[u8]) -> Result<Option<Header>, FormatError> {
         let copy = |at: usize| block.get(at..at + HEADER_COPY_SIZE).and_then(Header::decode_copy);
-        match (copy(0), copy(HEADER_COPY_STRIDE)) {
-            (None, None) if has_record_table(block) => Err(FormatError::HeaderLost),
-            (None, None) => Ok(None),
-            (Some(Ok(a)), Some(Ok(b))) => Ok(Some(if a.sequence >= b.sequence { a } else { b })),
-            (Some(Ok(h)), _) | (_, Some(Ok(h))) => Ok(Some(h)),
-            // A future version wins over a torn copy: say what is really wrong.
-            (Some(Err(e @ FormatError::FutureVersion(_))), _) | (_, Some(Err(e))) | (Some(Err(e)), _) => Err(e),
+        // A version-1 file of the first layout may hold its newest copy at 512 (inside today's
+        // inline area: only a valid version-1 copy counts there).
+        let version_1 = block.get(FIRST_LAYOUT_COPY_B + 8..FIRST_LAYOUT_COPY_B + 10) == Some(&1u16.to_le_bytes()[..]);
+        let first_layout = copy(FIRST_LAYOUT_COPY_B).filter(|c| version_1 && c.is_ok());
+        let copies: Vec<Result<Header, FormatError>> = [copy(0), copy(HEADER_COPY_STRIDE), first_layout].into_iter().flatten().collect();
+        if let Some(newest) = copies.iter().filter_map(|c| c.as_ref().ok()).max_by_key(|h| h.sequence) {
+            return Ok(Some(*newest));
+        }
+        // No valid copy. A future version wins over a torn copy: say what is really wrong.
+        if let Some(e) = copies.iter().find_map(|c| c.clone().err().filter(|e| matches!(e, FormatError::FutureVersion(_)))) {
+            return Err(e);
+        }
+        match copies.into_iter().next() {
+            Some(Err(e)) => Err(e),
+            _ if has_record_table(block) => Err(FormatError::HeaderLost),
+            _ => Ok(None),
         }
     }
 }
@@ -339,6 +354,24 @@ mod tests {
     }
 
     #[test]
+    fn a_first_layout_copy_at_512_is_read_only_as_version_1() {
+        let old = header();
+        let newer = Header { size: 9, sequence: 8, ..old };
+        let mut at_512 = newer.encode();
+        at_512[8..10].copy_from_slice(&1u16.to_le_bytes());
+        let crc = crc32c::crc32c(&at_512[..60]);
+        at_512[60..64].copy_from_slice(&crc.to_le_bytes());
+        // The first layout: copy A at 0 (older), copy B at 512 (newest): the newest wins.
+        let block = block_with(&[(0, old.encode()), (FIRST_LAYOUT_COPY_B, at_512)]);
+        assert_eq!(Header::decode(&block).unwrap().unwrap().size, 9);
+        // Alone at 512, it is still a container (an empty file of the first densefs).
+        assert_eq!(Header::decode(&block_with(&[(FIRST_LAYOUT_COPY_B, at_512)])).unwrap().unwrap().sequence, 8);
+        // A version-2 copy at 512 is inline data, not a header.
+        let block = block_with(&[(0, old.encode()), (FIRST_LAYOUT_COPY_B, newer.encode())]);
+        assert_eq!(Header::decode(&block).unwrap().unwrap(), old);
+    }
+
+    #[test]
     fn header_round_trips_and_newest_copy_wins() {
         let old = header();
         let new = Header { size: 5, sequence: 8, ..old };
@@ -364,10 +397,10 @@ mod tests {
         assert_eq!(Header::decode(&vec![b'A'; 4096]), Ok(None));
         assert_eq!(Header::decode(&[]), Ok(None));
         let mut future = header().encode();
-        future[8] = 2;
+        future[8..10].copy_from_slice(&(FORMAT_VERSION + 1).to_le_bytes());
         let crc = crc32c::crc32c(&future[..60]);
         future[60..64].copy_from_slice(&crc.to_le_bytes());
-        assert_eq!(Header::decode(&block_with(&[(0, future)])), Err(FormatError::FutureVersion(2)));
+        assert_eq!(Header::decode(&block_with(&[(0, future)])), Err(FormatError::FutureVersion(FORMAT_VERSION + 1)));
     }
 
     #[test]

@@ -26,7 +26,7 @@ impl Dirs {
 }
 
 fn is_mounted(mnt: &Path) -> bool {
-    densefs::mount::mountinfo().iter().any(|m| m.point == mnt)
+    densefs::cli::mountinfo::mountinfo().iter().any(|m| m.point == mnt)
 }
 
 /// A densefs daemon running in the foreground as a child process; unmounted on drop.

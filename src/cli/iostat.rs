@@ -1,7 +1,8 @@
 //! `densefs iostat`: the engine's counters as a live view, one line per interval, like
 //! `zpool iostat` (the first line covers the time since the mount).
 
-use crate::admin;
+use super::client;
+use crate::control::Control;
 use serde_json::Value;
 use std::path::Path;
 use std::time::Duration;
@@ -101,7 +102,7 @@ fn detail(before: &Value, after: &Value) -> Vec<String> {
 }
 
 pub fn run(mount: &Path, interval: f64, count: Option<u64>, verbose: bool) -> Result<(), String> {
-    let sample = || admin::report(mount, "engine");
+    let sample = || client::report(mount, Control::Engine);
     let mut prev = sample()?;
     println!("{}", header());
     println!("{}", line("total", &Totals::default(), &totals(&prev)));
@@ -122,6 +123,8 @@ pub fn run(mount: &Path, interval: f64, count: Option<u64>, verbose: bool) -> Re
 
 /// HH:MM:SS of the local clock.
 fn chrono_like_now() -> String {
+    // SAFETY: time may be given no place to store its answer (null); a zeroed tm is a valid
+    // value of that plain C struct; localtime_r reads `t` and writes only `tm`.
     let t = unsafe { libc::time(std::ptr::null_mut()) };
     let mut tm: libc::tm = unsafe { std::mem::zeroed() };
     unsafe { libc::localtime_r(&t, &mut tm) };

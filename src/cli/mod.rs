@@ -1,0 +1,261 @@
+//! The `densefs` command line: the clap tree and one dispatch; each command group is a file.
+//! Commands talk to the daemon through the control interface (`crate::control`, `client.rs`).
+//!
+//! - `mount.rs`: mount, umount, remount, mount(8)'s helper; `mount_options.rs` parses `-o`;
+//!   `daemon.rs` daemonizes and serves; `logging.rs` where the daemon logs;
+//! - `props.rs`: set, inherit, get, list; `inspect.rs`: stat, scrub; `recompress.rs`;
+//!   `iostat.rs`; `bench.rs`;
+//! - `mountinfo.rs`: the one parser of /proc/self/mountinfo; `client.rs`: requests to the
+//!   daemon; `output.rs`: sizes, ratios, tables.
+
+pub mod bench;
+pub mod client;
+pub mod daemon;
+pub mod inspect;
+pub mod iostat;
+pub mod logging;
+pub mod mount;
+pub mod mount_options;
+pub mod mountinfo;
+pub mod output;
+pub mod props;
+pub mod recompress;
+
+use clap::{CommandFactory, Parser, Subcommand};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+#[derive(Parser)]
+#[command(name = "densefs", version, about = "A transparent, compressing overlay file system", long_about = None)]
+pub struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Mount LOWER on MOUNTPOINT: files written through MOUNTPOINT are stored compressed in LOWER.
+    ///
+    /// Options (-o, comma-separated, repeatable):
+    ///   compression=ALG   off | on | lz4 | gzip | gzip-1..9 | zstd | zstd-1..19 | zstd-fast-1..10 | lzjb | zle
+    ///                     | auto (picked per record from the data and the load) (default lz4)
+    ///   recordsize=SIZE   power of two from 4K to 1M (default 128K)
+    ///   checksum=KIND     crc32c | xxh3 (default crc32c)
+    ///   min_savings=PCT   keep a compressed record only if it saves this much (default 12.5%)
+    ///   offload=WHERE     auto | cpu | gpu: where records are compressed (default auto: an
+    ///                     accelerator when present and worth it, the CPU alongside)
+    ///   offload_min=SIZE, offload_max=SIZE   records outside go to the CPU (default 4K, 1M)
+    ///   precheck=on|off   skip slow codecs on data that looks incompressible (default on)
+    ///   verify=on|off     decode accelerator output on the CPU before storing it (default on)
+    ///   cache_size=SIZE   file data all open files may hold in memory: written and not yet
+    ///                     stored, being compressed, or cached decoded (default 256M)
+    ///   threads=N         FUSE request threads
+    ///   allow_other, ro, nosuid, nodev, noexec, noatime, ...  as for any mount
+    /// These are the root directory's defaults; `densefs set` overrides them below a directory.
+    /// Settings apply to files created from then on; existing files keep theirs.
+    #[command(verbatim_doc_comment)]
+    Mount {
+        /// Stay in the foreground (logs to stderr).
+        #[arg(short, long)]
+        foreground: bool,
+        /// Mount options.
+        #[arg(short = 'o', value_name = "OPTIONS")]
+        options: Vec<String>,
+        /// Write the daemon's log here instead of syslog.
+        #[arg(long, value_name = "FILE")]
+        log: Option<PathBuf>,
+        lower: PathBuf,
+        mountpoint: PathBuf,
+    },
+    /// Unmount a densefs mount, waiting until everything is written back.
+    Umount { mountpoint: PathBuf },
+    /// Set properties on a directory: files created below it (until a deeper directory sets its
+    /// own) use them. Properties: compression, recordsize, min_savings, checksum, offload.
+    Set {
+        /// PROPERTY=VALUE, e.g. compression=gzip-9
+        #[arg(required = true, num_args = 1..)]
+        assignments: Vec<String>,
+        directory: PathBuf,
+    },
+    /// Remove a directory's own value of a property, so it inherits its parent's again.
+    Inherit { property: String, directory: PathBuf },
+    /// Show properties and what compression did, like `zfs get`.
+    ///
+    /// Properties: compression, recordsize, min_savings, checksum, offload (with SOURCE local, default or
+    /// inherited from PATH), and read-only: compressratio (logicalused / used), used (bytes on
+    /// the lower file system), logicalused (data stored, holes excluded), written (sizes as
+    /// `ls -l` shows them), records_ALG (records by how they are stored; raw and hole too) and
+    /// records_raw_low_savings (kept raw because compressing saved less than min_savings).
+    /// For a directory, statistics cover everything below it. `all` also lists the mount's engine
+    /// counters: engine.BACKEND.compress|decompress.ALG.records|bytes_in|bytes_out,
+    /// engine.BACKEND.busy|errors|resets, engine.fallbacks.REASON, engine.precheck_skipped,
+    /// engine.auto.ALG.
+    Get {
+        /// Scripted: no header, tab-separated.
+        #[arg(short = 'H')]
+        scripted: bool,
+        /// Exact numbers (bytes, plain ratios).
+        #[arg(short = 'p')]
+        parsable: bool,
+        /// Columns: name,property,value,source.
+        #[arg(short = 'o', value_delimiter = ',', default_value = "name,property,value,source")]
+        columns: Vec<String>,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+        /// all, or PROPERTY[,PROPERTY...]
+        properties: String,
+        #[arg(required = true, num_args = 1..)]
+        paths: Vec<PathBuf>,
+    },
+    /// List datasets (directories with their own properties) with space used, like `zfs list`.
+    List {
+        /// Also every dataset below PATH.
+        #[arg(short = 'r')]
+        recursive: bool,
+        #[arg(short = 'H')]
+        scripted: bool,
+        #[arg(short = 'p')]
+        parsable: bool,
+        #[arg(long)]
+        json: bool,
+        /// Default: every densefs mount.
+        paths: Vec<PathBuf>,
+    },
+    /// Show how one file is stored: sizes, ratio, records by algorithm.
+    Stat {
+        #[arg(long)]
+        json: bool,
+        #[arg(required = true, num_args = 1..)]
+        files: Vec<PathBuf>,
+    },
+    /// Read every record below PATH, verify its checksum and decoding, and list what is damaged.
+    /// Exits 1 if anything is.
+    Scrub {
+        #[arg(long)]
+        json: bool,
+        path: PathBuf,
+    },
+    /// Rewrite existing files with the current properties of their directory, or with -o: also
+    /// plain files that were in the lower directory before densefs. Online: files stay readable
+    /// (and writable, unless their record size changes or a plain file is converted).
+    Recompress {
+        /// Everything below directories.
+        #[arg(short = 'r')]
+        recursive: bool,
+        /// Settings to use instead of the directory's, e.g. compression=gzip-9,recordsize=1M
+        #[arg(short = 'o', value_name = "SETTINGS")]
+        settings: Option<String>,
+        /// No progress bar.
+        #[arg(short = 'q', long)]
+        quiet: bool,
+        #[arg(required = true, num_args = 1..)]
+        paths: Vec<PathBuf>,
+    },
+    /// Live view of the compression engine of a mount, one line per interval (like zpool iostat):
+    /// logical MB/s written, MB/s stored, ratio, MB/s read, the daemon's CPU %, the share of
+    /// bytes an accelerator compressed, fallbacks to the CPU per second, device errors. The first
+    /// line covers the time since the mount.
+    Iostat {
+        /// Seconds between lines.
+        #[arg(short = 'w', long = "wait", default_value_t = 1.0, value_name = "SECONDS")]
+        interval: f64,
+        /// Stop after this many lines.
+        #[arg(short = 'c', long)]
+        count: Option<u64>,
+        /// Also one line per backend and algorithm.
+        #[arg(short = 'v')]
+        verbose: bool,
+        mountpoint: PathBuf,
+    },
+    /// Benchmarks.
+    Bench {
+        #[command(subcommand)]
+        what: BenchWhat,
+    },
+    /// Print shell completions (bash, zsh, fish, elvish, powershell) to stdout.
+    Completions { shell: clap_complete::Shell },
+}
+
+#[derive(Subcommand)]
+enum BenchWhat {
+    /// Compression and decompression GB/s, ratio and CPU seconds per GB of each backend and
+    /// algorithm on FILE, in-process (no FUSE), through the engine's policies. One line per
+    /// (backend, algorithm); OFFLOADED is the share of records the backend itself compressed.
+    Engine {
+        /// cpu, gpu or all (every backend this machine has).
+        #[arg(long, default_value = "all")]
+        backend: String,
+        #[arg(long, value_delimiter = ',', default_value = "lz4,gzip-1,gzip-6,gzip-9,zstd-3")]
+        compression: Vec<String>,
+        #[arg(long, default_value = "128K")]
+        recordsize: String,
+        /// CPU worker threads (default: every core).
+        #[arg(long)]
+        threads: Option<usize>,
+        /// Run each measurement this many times and keep the fastest.
+        #[arg(long, default_value_t = 1)]
+        repeat: usize,
+        /// Compress everything, even data that looks incompressible.
+        #[arg(long)]
+        no_precheck: bool,
+        /// Repeat FILE's records until this much data (e.g. 1G), to fill a GPU with a small
+        /// sample; records are compressed independently, so the ratio does not change.
+        #[arg(long)]
+        size: Option<String>,
+        #[arg(long)]
+        json: bool,
+        file: PathBuf,
+    },
+}
+
+/// Runs one parsed command line.
+pub fn run(cli: Cli) -> ExitCode {
+    let result = match cli.command {
+        Command::Mount { foreground, options, log, lower, mountpoint } => {
+            mount::mount_or_remount(&lower, &mountpoint, &options.join(","), foreground, log)
+        }
+        Command::Umount { mountpoint } => mount::umount(&mountpoint),
+        Command::Set { assignments, directory } => props::set(&assignments, &directory),
+        Command::Inherit { property, directory } => props::inherit(&property, &directory),
+        Command::Get { scripted, parsable, columns, json, properties, paths } => {
+            props::get(scripted, parsable, &columns, json, &properties, &paths)
+        }
+        Command::List { recursive, scripted, parsable, json, paths } => props::list(recursive, scripted, parsable, json, paths),
+        Command::Stat { json, files } => inspect::stat(json, &files),
+        Command::Scrub { json, path } => return inspect::scrub(json, &path),
+        Command::Recompress { recursive, settings, quiet, paths } => recompress::run(recursive, settings.unwrap_or_default(), quiet, &paths),
+        Command::Iostat { interval, count, verbose, mountpoint } => {
+            if interval.is_finite() && interval > 0.0 {
+                iostat::run(&mountpoint, interval, count, verbose)
+            } else {
+                Err(format!("invalid interval {interval}"))
+            }
+        }
+        Command::Bench { what: BenchWhat::Engine { backend, compression, recordsize, threads, repeat, no_precheck, size, json, file } } => {
+            bench::engine(&backend, &compression, &recordsize, threads, repeat, !no_precheck, size.as_deref(), json, &file)
+        }
+        Command::Completions { shell } => {
+            clap_complete::generate(shell, &mut Cli::command(), "densefs", &mut std::io::stdout());
+            Ok(())
+        }
+    };
+    finish(result)
+}
+
+/// The exit status of a command, its error printed as `densefs: ...`.
+pub fn finish(result: Result<(), String>) -> ExitCode {
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("densefs: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Are we root (the kernel mount, lazy unmounts, root's log directory)?
+pub(crate) fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() == 0 }
+}

@@ -1,0 +1,121 @@
+//! `densefs mount -o ...`: the mount options, parsed into what the daemon is asked for.
+
+use crate::core::Options;
+use crate::engine::EngineConfig;
+use fuser::MountOption;
+
+/// Everything `densefs mount` was asked for.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MountConfig {
+    pub options: Options,
+    pub fuse_options: Vec<MountOption>,
+    pub allow_other: bool,
+    pub threads: usize,
+    /// The engine's policy (options set the size window, pre-check and verification).
+    pub engine: EngineConfig,
+}
+
+fn on_off(key: &str, value: Option<&str>) -> Result<bool, String> {
+    match value {
+        None | Some("on") => Ok(true),
+        Some("off") => Ok(false),
+        Some(v) => Err(format!("invalid {key} '{v}' (on or off)")),
+    }
+}
+
+/// "64K", "16M", "1G" or a plain number of bytes (the one size grammar, core/props.rs).
+pub fn parse_size(text: &str) -> Option<u64> {
+    crate::core::props::parse_size(text)
+}
+
+/// Parses a comma-separated `-o` list (all `-o` arguments joined).
+pub fn parse_mount_options(list: &str) -> Result<MountConfig, String> {
+    let mut options = Options::default();
+    let mut fuse_options = Vec::new();
+    let mut allow_other = unsafe { libc::geteuid() } == 0;
+    let mut threads = std::thread::available_parallelism().map_or(4, |n| n.get()).clamp(4, 16);
+    let mut engine = EngineConfig::new(std::thread::available_parallelism().map_or(2, |n| n.get()));
+    for item in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        let (key, value) = match item.split_once('=') {
+            Some((k, v)) => (k, Some(v)),
+            None => (item, None),
+        };
+        let need = |v: Option<&str>| -> Result<String, String> {
+            v.map(str::to_string).ok_or_else(|| format!("mount option '{key}' needs a value ({key}=...)"))
+        };
+        // Every property is a mount option too, setting the root's default (core/props.rs's table).
+        if let Ok(property) = crate::core::props::property(if key == "compress" { "compression" } else { key }) {
+            property.parse_into(&need(value)?, &mut options)?;
+            continue;
+        }
+        match key {
+            "offload_min" | "offload_max" => {
+                let v = need(value)?;
+                let n = parse_size(&v).filter(|n| (1..=1 << 20).contains(n)).ok_or_else(|| format!("invalid {key} '{v}' (a size up to 1M, e.g. 4K)"))?;
+                if key == "offload_min" { engine.offload_window.0 = n as usize } else { engine.offload_window.1 = n as usize }
+            }
+            "cache_size" => {
+                let v = need(value)?;
+                options.cache_size = parse_size(&v).filter(|&n| n >= 8 << 20).ok_or_else(|| format!("invalid cache_size '{v}' (at least 8M, e.g. 256M or 1G)"))? as usize;
+            }
+            "precheck" => engine.precheck = on_off(key, value)?,
+            "verify" => engine.verify = on_off(key, value)?,
+            "threads" => {
+                let v = need(value)?;
+                threads = v.parse().ok().filter(|n| (1..=256).contains(n)).ok_or_else(|| format!("invalid threads '{v}' (1..256)"))?;
+            }
+            "allow_other" => allow_other = true,
+            "allow_root" => allow_other = true,
+            "ro" => {
+                fuse_options.push(MountOption::RO);
+                options.noatime = true;
+            }
+            "rw" => fuse_options.push(MountOption::RW),
+            "suid" => fuse_options.push(MountOption::Suid),
+            "nosuid" => fuse_options.push(MountOption::NoSuid),
+            "dev" => fuse_options.push(MountOption::Dev),
+            "nodev" => fuse_options.push(MountOption::NoDev),
+            "exec" => fuse_options.push(MountOption::Exec),
+            "noexec" => fuse_options.push(MountOption::NoExec),
+            "atime" => fuse_options.push(MountOption::Atime),
+            "noatime" => {
+                fuse_options.push(MountOption::NoAtime);
+                options.noatime = true;
+            }
+            "sync" => fuse_options.push(MountOption::Sync),
+            "async" => fuse_options.push(MountOption::Async),
+            "dirsync" => fuse_options.push(MountOption::DirSync),
+            // Accepted for fstab lines; they mean nothing to a FUSE mount.
+            "defaults" | "auto" | "noauto" | "nofail" | "_netdev" | "user" | "users" | "default_permissions" => {}
+            _ => return Err(format!("unknown mount option '{item}' (see densefs mount --help)")),
+        }
+    }
+    if engine.offload_window.0 > engine.offload_window.1 {
+        return Err("offload_min is larger than offload_max".to_string());
+    }
+    Ok(MountConfig { options, fuse_options, allow_other, threads, engine })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{checksum::ChecksumKind, engine::MinSavings};
+
+    #[test]
+    fn options_parse_and_bad_ones_are_explained() {
+        let c = parse_mount_options("compression=zstd-3,recordsize=64K,checksum=xxh3,min_savings=20%,ro").unwrap();
+        assert_eq!(c.options.compression.to_string(), "zstd-3");
+        assert_eq!(c.options.layout.record_size(), 65536);
+        assert_eq!(c.options.checksum, ChecksumKind::Xxh3);
+        assert_eq!(c.options.min_savings, MinSavings(200));
+        assert!(c.fuse_options.contains(&MountOption::RO));
+        assert_eq!(parse_mount_options("").unwrap().options, Options::default());
+        for bad in ["compression=lz5", "recordsize=3K", "recordsize=2M", "recordsize", "bogus", "threads=0"] {
+            let err = parse_mount_options(bad).unwrap_err();
+            assert!(!err.is_empty(), "{bad}");
+        }
+        assert_eq!(parse_size("1M"), Some(1 << 20));
+        assert_eq!(parse_size("4096"), Some(4096));
+        assert_eq!(parse_size("12Q"), None);
+    }
+}

@@ -1,0 +1,261 @@
+//! The in-memory records of one open container: *dirty* (changed, not yet handed to the
+//! engine), *in flight* (being compressed or waiting to land) and *clean* (a small cache of
+//! decoded records). Every byte held is charged to the mount's one budget (`memory.rs`) and
+//! released when dropped, so the accounting stays exact whatever path a buffer takes.
+
+use super::memory::Memory;
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::Arc;
+
+/// Decoded records kept for small reads that hit the same record again.
+const CLEAN_CACHE_RECORDS: usize = 16;
+
+/// One version of a record handed to the engine.
+pub struct InFlight {
+    /// Tells this version from a later one of the same record (landing checks it).
+    pub seq: u64,
+    pub data: Arc<Vec<u8>>,
+    /// Re-encoded by recompress (same bytes): land only if it takes less space than the copy
+    /// stored now.
+    pub only_if_smaller: bool,
+}
+
+pub struct Buffers {
+    /// Records changed in memory and not yet handed to the engine; each buffer is at most the
+    /// record's length within the file size (bytes past it read as zeros).
+    dirty: BTreeMap<u64, Vec<u8>>,
+    dirty_bytes: usize,
+    inflight: HashMap<u64, InFlight>,
+    inflight_bytes: usize,
+    next_seq: u64,
+    clean: VecDeque<(u64, Arc<Vec<u8>>)>,
+    memory: Arc<Memory>,
+}
+
+impl Drop for Buffers {
+    fn drop(&mut self) {
+        let clean: usize = self.clean.iter().map(|(_, b)| b.len()).sum();
+        self.memory.release(self.dirty_bytes + self.inflight_bytes + clean);
+    }
+}
+
+impl Buffers {
+    pub fn new(memory: Arc<Memory>) -> Buffers {
+        Buffers {
+            dirty: BTreeMap::new(),
+            dirty_bytes: 0,
+            inflight: HashMap::new(),
+            inflight_bytes: 0,
+            next_seq: 1,
+            clean: VecDeque::new(),
+            memory,
+        }
+    }
+
+    pub fn memory(&self) -> &Arc<Memory> {
+        &self.memory
+    }
+
+    // ---- dirty -------------------------------------------------------------------------
+
+    pub fn is_dirty(&self, record: u64) -> bool {
+        self.dirty.contains_key(&record)
+    }
+
+    /// Dirty with something in it (a record truncated to nothing has an empty buffer).
+    pub fn has_dirty_bytes(&self, record: u64) -> bool {
+        self.dirty.get(&record).is_some_and(|b| !b.is_empty())
+    }
+
+    pub fn dirty_records(&self) -> Vec<u64> {
+        self.dirty.keys().copied().collect()
+    }
+
+    pub fn dirty_bytes(&self) -> usize {
+        self.dirty_bytes
+    }
+
+    pub fn put_dirty(&mut self, record: u64, buf: Vec<u8>) {
+        self.forget_clean(record);
+        self.dirty_bytes += buf.len();
+        self.memory.charge(buf.len());
+        if let Some(old) = self.dirty.insert(record, buf) {
+            self.dirty_bytes -= old.len();
+            self.memory.release(old.len());
+        }
+    }
+
+    pub fn take_dirty(&mut self, record: u64) -> Option<Vec<u8>> {
+        let buf = self.dirty.remove(&record)?;
+        self.dirty_bytes -= buf.len();
+        self.memory.release(buf.len());
+        Some(buf)
+    }
+
+    // ---- in flight ---------------------------------------------------------------------
+
+    pub fn is_in_flight(&self, record: u64) -> bool {
+        self.inflight.contains_key(&record)
+    }
+
+    pub fn in_flight(&self, record: u64) -> Option<&InFlight> {
+        self.inflight.get(&record)
+    }
+
+    pub fn inflight_bytes(&self) -> usize {
+        self.inflight_bytes
+    }
+
+    pub fn in_flight_records(&self) -> Vec<u64> {
+        self.inflight.keys().copied().collect()
+    }
+
+    /// Moves a dirty record into flight, unless a version of it is in flight already (one at a
+    /// time) or it has no bytes (a record truncated to nothing). Returns the version's number
+    /// and bytes. `only_if_smaller` is asked only for a version that goes.
+    pub fn send(&mut self, record: u64, only_if_smaller: impl FnOnce() -> bool) -> Option<(u64, Arc<Vec<u8>>)> {
+        if self.inflight.contains_key(&record) {
+            return None;
+        }
+        let buf = self.take_dirty(record)?;
+        if buf.is_empty() {
+            return None;
+        }
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        let data = Arc::new(buf);
+        let only_if_smaller = only_if_smaller();
+        self.inflight_bytes += data.len();
+        self.memory.charge(data.len());
+        self.inflight.insert(record, InFlight { seq, data: data.clone(), only_if_smaller });
+        Some((seq, data))
+    }
+
+    pub fn take_inflight(&mut self, record: u64) -> Option<InFlight> {
+        let f = self.inflight.remove(&record)?;
+        self.inflight_bytes -= f.data.len();
+        self.memory.release(f.data.len());
+        Some(f)
+    }
+
+    // ---- clean and all -----------------------------------------------------------------
+
+    /// The record's newest bytes held in memory: dirty, in flight, or clean.
+    pub fn newest(&self, record: u64) -> Option<Arc<Vec<u8>>> {
+        if let Some(buf) = self.dirty.get(&record) {
+            return Some(Arc::new(buf.clone()));
+        }
+        if let Some(f) = self.inflight.get(&record) {
+            return Some(f.data.clone());
+        }
+        self.clean.iter().find(|(r, _)| *r == record).map(|(_, b)| b.clone())
+    }
+
+    /// Whether the record has a change not yet on the lower file.
+    pub fn is_pending(&self, record: u64) -> bool {
+        self.is_dirty(record) || self.is_in_flight(record)
+    }
+
+    /// Nothing dirty and nothing in flight.
+    pub fn all_landed(&self) -> bool {
+        self.dirty.is_empty() && self.inflight.is_empty()
+    }
+
+    /// The first record from `from` on with a change not yet on the lower file.
+    pub fn first_pending_from(&self, from: u64) -> Option<u64> {
+        let dirty = self.dirty.range(from..).next().map(|(r, _)| *r);
+        dirty.into_iter().chain(self.inflight.keys().copied().filter(|&r| r >= from)).min()
+    }
+
+    pub fn forget_clean(&mut self, record: u64) {
+        let memory = &self.memory;
+        self.clean.retain(|(r, b)| {
+            let keep = *r != record;
+            if !keep {
+                memory.release(b.len());
+            }
+            keep
+        });
+    }
+
+    /// Keeps a decoded record for the next read of it, within the budget.
+    pub fn remember_clean(&mut self, record: u64, buf: &Arc<Vec<u8>>) {
+        self.forget_clean(record);
+        if self.clean.len() >= CLEAN_CACHE_RECORDS || (self.memory.over() && !self.clean.is_empty()) {
+            if let Some((_, old)) = self.clean.pop_front() {
+                self.memory.release(old.len());
+            }
+        }
+        if self.memory.over() {
+            return; // a cache, not worth memory the budget does not have
+        }
+        self.memory.charge(buf.len());
+        self.clean.push_back((record, buf.clone()));
+    }
+
+    pub fn clear_clean(&mut self) {
+        for (_, b) in self.clean.drain(..) {
+            self.memory.release(b.len());
+        }
+    }
+
+    /// Drops every record from `first` on (a truncate).
+    pub fn drop_from(&mut self, first: u64) {
+        for r in self.dirty.range(first..).map(|(r, _)| *r).collect::<Vec<_>>() {
+            self.take_dirty(r);
+        }
+        for r in self.inflight.keys().copied().filter(|&r| r >= first).collect::<Vec<_>>() {
+            self.take_inflight(r);
+        }
+        let memory = &self.memory;
+        self.clean.retain(|(r, b)| {
+            if *r >= first {
+                memory.release(b.len());
+            }
+            *r < first
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_path_releases_what_it_charged() {
+        let memory = Arc::new(Memory::new(1 << 20));
+        {
+            let mut b = Buffers::new(memory.clone());
+            b.put_dirty(0, vec![1; 100]);
+            b.put_dirty(0, vec![2; 50]); // replaced
+            b.put_dirty(1, vec![3; 10]);
+            assert_eq!(memory.used(), 60);
+            let (seq, data) = b.send(0, || false).unwrap();
+            assert_eq!((seq, data.len(), b.inflight_bytes(), b.dirty_bytes()), (1, 50, 50, 10));
+            assert!(b.send(0, || false).is_none(), "nothing dirty left to send");
+            b.put_dirty(0, vec![4; 20]);
+            assert!(b.send(0, || false).is_none(), "one version in flight at a time");
+            assert_eq!(memory.used(), 80);
+            let f = b.take_inflight(0).unwrap();
+            b.remember_clean(0, &f.data); // dirty 0 forgets nothing: clean is separate
+            b.remember_clean(5, &Arc::new(vec![0; 7]));
+            assert_eq!(b.newest(0).unwrap().as_slice(), &[4; 20][..], "dirty wins over clean");
+            b.put_dirty(5, vec![9; 3]); // a change forgets the clean copy
+            assert_eq!(memory.used(), 20 + 10 + 50 + 3);
+            b.drop_from(1);
+            assert_eq!(memory.used(), 20 + 50);
+            assert!(b.send(0, || false).is_some());
+            assert_eq!(b.first_pending_from(0), Some(0));
+        }
+        assert_eq!(memory.used(), 0, "dropping the buffers releases the rest");
+    }
+
+    #[test]
+    fn an_empty_buffer_is_never_sent() {
+        let memory = Arc::new(Memory::new(1 << 20));
+        let mut b = Buffers::new(memory);
+        b.put_dirty(3, Vec::new());
+        assert!(b.send(3, || false).is_none());
+        assert!(!b.is_dirty(3), "taken, and dropped");
+    }
+}

@@ -1,0 +1,277 @@
+//! The container below FUSE against a model: random operations (write, read, truncate,
+//! zero_range, flush, sync, reopen) and simulated crashes on a tempfile lower with the CPU
+//! engine, checked against a plain `Vec<u8>`.
+//!
+//! A crash copies the lower file while nothing writes it (both container locks held: a SIGKILL
+//! at that instant), forgets the container, and reopens the copy. Every record of the reopened
+//! file must then read as it was at the last flush or after some operation since (never
+//! anything else), and its size must be one of those versions' sizes. The model continues from
+//! what the reopened file holds.
+//!
+//! A dropped container (no flush, its queued landings finish) is checked the same way.
+//!
+//! A failing seed is printed with its operations; add it to `REGRESSIONS` so it always runs.
+//! `DENSEFS_MODEL_SEEDS=n` runs n random seeds instead of the default few.
+
+use super::{Container, CreateSettings};
+use crate::checksum::ChecksumKind;
+use crate::codec::Compression;
+use crate::core::memory::Memory;
+use crate::engine::{Engine, MinSavings, Offload, RecordPolicy};
+use crate::format::Layout;
+use std::fs::{File, OpenOptions};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// Seeds that once failed (or cover a case worth keeping), by name: they always run.
+const REGRESSIONS: &[(&str, u64)] = &[
+    // A header announcing the run recorded the grown size while the zeroed tail record (a
+    // truncate, then a write far past the end) was still dirty: stale bytes after a crash.
+    // Depends on landing order: failed about one run in five before the fix.
+    ("the announcement keeps the last size", 117665080017039),
+    ("small records, lz4, crashes after truncates", 1),
+    ("16 KiB records, zstd, inline first record", 2),
+    ("raw records, far writes across groups", 3),
+    ("many reopens", 7),
+];
+
+const OPS_PER_SEED: usize = 150;
+
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+}
+
+struct Harness {
+    dir: tempfile::TempDir,
+    engine: Arc<Engine>,
+    memory: Arc<Memory>,
+    policy: RecordPolicy,
+    path: PathBuf,
+    crashes: usize,
+    container: Arc<Container>,
+}
+
+fn open_rw(path: &Path) -> File {
+    OpenOptions::new().read(true).write(true).create(true).truncate(false).open(path).unwrap()
+}
+
+impl Harness {
+    fn new(settings: CreateSettings) -> Harness {
+        let dir = tempfile::tempdir().unwrap();
+        let engine = Arc::new(Engine::new(2));
+        let memory = Arc::new(Memory::new(64 << 20));
+        let policy = RecordPolicy { min_savings: MinSavings::ZFS, offload: Offload::Cpu };
+        let path = dir.path().join("f0");
+        let container = Arc::new(Container::create(open_rw(&path), settings, policy, engine.clone(), memory.clone(), "f0".into()).unwrap());
+        Harness { dir, engine, memory, policy, path, crashes: 0, container }
+    }
+
+    fn reopen(&mut self, path: PathBuf) {
+        let file = open_rw(&path);
+        let container = match Container::probe(&file).unwrap() {
+            Some(header) => Container::open(file, header, self.policy, self.engine.clone(), self.memory.clone(), "f".into(), true).unwrap(),
+            None => {
+                // An empty lower file is an empty file: it becomes a container on its first write.
+                assert_eq!(file.metadata().unwrap().len(), 0, "a container lost its header");
+                let settings = CreateSettings { compression: self.container.compression(), layout: self.container.layout(), checksum: ChecksumKind::Crc32c };
+                Container::create(file, settings, self.policy, self.engine.clone(), self.memory.clone(), "f".into()).unwrap()
+            }
+        };
+        self.container = Arc::new(container);
+        self.path = path;
+    }
+
+    /// Copies the lower file while neither a landing nor a header write can run: a process
+    /// killed at this instant. Landings still queued go on writing the old file, unseen.
+    fn crash(&mut self) {
+        self.crashes += 1;
+        let copy = self.dir.path().join(format!("f{}", self.crashes));
+        {
+            let _io = self.container.slot_io.write();
+            let _st = self.container.state.lock();
+            std::fs::copy(&self.path, &copy).unwrap();
+        }
+        self.reopen(copy);
+    }
+
+    /// Drops the container without flushing (a process that exits without closing): what is in
+    /// flight still lands, what is dirty is lost. Reopens the same lower file once the old
+    /// container is gone.
+    fn drop_unflushed(&mut self) {
+        let old = Arc::downgrade(&self.container);
+        // Stand in with an empty container on a scratch file (creating one writes nothing).
+        let (path, scratch) = (self.path.clone(), self.dir.path().join("scratch"));
+        self.reopen(scratch);
+        self.path = path;
+        let start = std::time::Instant::now();
+        while old.upgrade().is_some() {
+            assert!(start.elapsed() < std::time::Duration::from_secs(30), "queued landings never finished");
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        self.reopen(self.path.clone());
+    }
+
+    fn read_all(&self) -> Vec<u8> {
+        self.container.read(0, self.container.size() as usize).unwrap()
+    }
+}
+
+fn pattern(rng: &mut Rng, len: usize) -> Vec<u8> {
+    match rng.below(4) {
+        0 => vec![0; len],
+        1 => {
+            let b = rng.next() as u8;
+            vec![b; len]
+        }
+        2 => b"ACGT densefs text ".iter().cycle().skip(rng.below(17) as usize).take(len).copied().collect(),
+        _ => (0..len).map(|_| rng.next() as u8).collect(),
+    }
+}
+
+/// The bytes a version holds in `range` (zeros past its end).
+fn bytes_of(version: &[u8], start: usize, end: usize) -> Vec<u8> {
+    (start..end).map(|i| version.get(i).copied().unwrap_or(0)).collect()
+}
+
+fn run_seed(name: &str, seed: u64) {
+    let mut rng = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
+    let record_size = [4096u64, 16384][rng.below(2) as usize];
+    let compression = ["lz4", "zstd-3", "off", "gzip-1"][rng.below(4) as usize];
+    let settings = CreateSettings { compression: Compression::parse(compression).unwrap(), layout: Layout::new(record_size).unwrap(), checksum: ChecksumKind::Crc32c };
+    let rs = record_size as usize;
+    // Past group 0 (32 records) and now and then far beyond.
+    let span = 40 * rs;
+    let mut h = Harness::new(settings);
+    let mut model: Vec<u8> = Vec::new();
+    // The versions since the last flush: what a crash may leave, record by record.
+    let mut versions: Vec<Vec<u8>> = vec![Vec::new()];
+    let mut log: Vec<String> = vec![format!("{record_size} B records, {compression}")];
+    let fail = |log: &[String], what: String| -> ! {
+        panic!("model seed {seed} ({name}) failed: {what}\noperations:\n  {}", log.join("\n  "));
+    };
+    for _ in 0..OPS_PER_SEED {
+        let op = rng.below(100);
+        match op {
+            0..=39 => {
+                let far = rng.below(20) == 0;
+                let off = if far { 100 * rs + rng.below(rs as u64) as usize } else { rng.below(span as u64) as usize };
+                let len = 1 + rng.below(3 * record_size) as usize;
+                let data = pattern(&mut rng, len);
+                log.push(format!("write {off} +{len}"));
+                if let Err(e) = h.container.write(off as u64, &data) {
+                    fail(&log, format!("write: {e}"));
+                }
+                if model.len() < off + len {
+                    model.resize(off + len, 0);
+                }
+                model[off..off + len].copy_from_slice(&data);
+                versions.push(model.clone());
+            }
+            40..=59 => {
+                let off = rng.below(model.len() as u64 + 10) as usize;
+                let len = rng.below(3 * record_size) as usize;
+                log.push(format!("read {off} +{len}"));
+                let got = h.container.read(off as u64, len).unwrap_or_else(|e| fail(&log, format!("read: {e}")));
+                let want = if off >= model.len() { Vec::new() } else { model[off..(off + len).min(model.len())].to_vec() };
+                if got != want {
+                    fail(&log, format!("read {off} +{len} differs from the model"));
+                }
+            }
+            60..=67 => {
+                let size = rng.below(span as u64 + rs as u64) as usize;
+                log.push(format!("truncate {size}"));
+                h.container.set_size(size as u64).unwrap_or_else(|e| fail(&log, format!("truncate: {e}")));
+                model.resize(size, 0);
+                versions.push(model.clone());
+            }
+            68..=75 => {
+                let off = rng.below(model.len() as u64 + 10) as usize;
+                let len = rng.below(3 * record_size) as usize;
+                log.push(format!("zero_range {off} +{len}"));
+                h.container.zero_range(off as u64, len as u64).unwrap_or_else(|e| fail(&log, format!("zero_range: {e}")));
+                let end = (off + len).min(model.len());
+                if off < end {
+                    model[off..end].fill(0);
+                }
+                versions.push(model.clone());
+            }
+            76..=82 => {
+                log.push("flush".into());
+                h.container.flush().unwrap_or_else(|e| fail(&log, format!("flush: {e}")));
+                versions = vec![model.clone()];
+            }
+            83..=88 => {
+                log.push("sync".into());
+                h.container.sync(rng.below(2) == 0).unwrap_or_else(|e| fail(&log, format!("sync: {e}")));
+                versions = vec![model.clone()];
+            }
+            89..=93 => {
+                log.push("reopen".into());
+                h.container.flush().unwrap_or_else(|e| fail(&log, format!("flush before reopen: {e}")));
+                let path = h.path.clone();
+                h.reopen(path);
+                versions = vec![model.clone()];
+            }
+            _ => {
+                if rng.below(2) == 0 {
+                    log.push("crash".into());
+                    h.crash();
+                } else {
+                    log.push("drop without flush".into());
+                    h.drop_unflushed();
+                }
+                let got = h.read_all();
+                // A header written mid-operation (a landing announcing the run) may record a size
+                // between two versions': never more than the largest.
+                if !versions.iter().any(|v| v.len() >= got.len()) {
+                    fail(&log, format!("after the crash the size is {}, larger than any written since the last flush", got.len()));
+                }
+                for start in (0..got.len()).step_by(rs) {
+                    let end = (start + rs).min(got.len());
+                    if !versions.iter().any(|v| bytes_of(v, start, end) == got[start..end]) {
+                        fail(&log, format!("after the crash record {} holds bytes no version had", start / rs));
+                    }
+                }
+                model = got;
+                versions = vec![model.clone()];
+            }
+        }
+    }
+    log.push("final flush, reopen, compare".into());
+    h.container.flush().unwrap_or_else(|e| fail(&log, format!("final flush: {e}")));
+    let path = h.path.clone();
+    h.reopen(path);
+    if h.read_all() != model {
+        fail(&log, "after the final reopen the file differs from the model".into());
+    }
+    let report = crate::inspect::inspect(&File::open(&h.path).unwrap(), true).unwrap();
+    if !report.problems.is_empty() {
+        fail(&log, format!("scrub found problems: {:?}", report.problems));
+    }
+}
+
+#[test]
+fn model_regressions() {
+    for &(name, seed) in REGRESSIONS {
+        run_seed(name, seed);
+    }
+}
+
+#[test]
+fn model_random_seeds() {
+    let count: u64 = std::env::var("DENSEFS_MODEL_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(6);
+    let base = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() << 16;
+    for i in 0..count {
+        run_seed("random", base + i);
+    }
+}

@@ -1,0 +1,153 @@
+//! Size changes (truncate, zero_range) and SEEK_DATA / SEEK_HOLE.
+
+use super::{Container, State};
+use crate::core::error::{FsError, FsResult};
+use std::sync::Arc;
+
+impl Container {
+    /// Zeroes the bytes of the record holding `size` that lie past `size`, so that growing the
+    /// file never shows what an earlier, longer version held there.
+    pub(super) fn zero_tail_past(&self, size: u64) -> FsResult<()> {
+        let layout = self.layout();
+        if size % layout.record_size() == 0 {
+            return Ok(());
+        }
+        self.load(layout.plain_off_to_record(size), false) // trims to the size
+    }
+
+    pub fn set_size(self: &Arc<Self>, new_size: u64) -> FsResult<()> {
+        let old = self.size();
+        {
+            // ext4 moves mtime and ctime on every truncate, even to the same size.
+            let mut st = self.state.lock();
+            self.store.check_lower_can_hold(&mut st.store, new_size)?;
+            st.store.user_changed();
+        }
+        let layout = self.layout();
+        if new_size > old {
+            self.zero_tail_past(old)?;
+            self.state.lock().store.size = new_size;
+        } else if new_size < old {
+            let boundary = layout.plain_off_to_record(new_size);
+            if new_size % layout.record_size() != 0 {
+                drop(self.lock_for_edit(boundary, true)?);
+            }
+            let _io = self.slot_io.write();
+            let mut st = self.state.lock();
+            st.store.size = new_size;
+            let keep = layout.record_len_in_size(boundary, new_size);
+            st.rewriting.remove(&boundary);
+            if let Some(mut buf) = st.buffers.take_dirty(boundary) {
+                buf.truncate(keep);
+                // The trimmed copy replaces any longer one still in the engine.
+                st.buffers.take_inflight(boundary);
+                st.buffers.put_dirty(boundary, buf);
+            }
+            self.discard_from(&mut st, layout.plain_size_to_records(new_size))?;
+        }
+        Ok(())
+    }
+
+    /// Drops every record from `first` on, in memory and on the lower file.
+    /// Caller holds `slot_io` exclusively.
+    pub(super) fn discard_from(&self, st: &mut State, first: u64) -> FsResult<()> {
+        st.buffers.drop_from(first);
+        st.rewriting.retain(|&r| r < first);
+        let result = self.store.discard_from(&mut st.store, first);
+        self.landed.notify_all();
+        result
+    }
+
+    /// Sets `[offset, offset + len)` to zeros (records wholly inside become holes).
+    pub fn zero_range(self: &Arc<Self>, offset: u64, len: u64) -> FsResult<()> {
+        let size = self.size();
+        let end = offset.saturating_add(len).min(size);
+        if offset >= end {
+            return Ok(());
+        }
+        self.state.lock().store.user_changed();
+        let layout = self.layout();
+        let rs = layout.record_size() as usize;
+        for p in layout.split(offset, end - offset) {
+            let keep = layout.record_len_in_size(p.record, size);
+            let whole = p.skip == 0 && p.len >= keep;
+            let (_io, mut st) = self.lock_for_edit(p.record, p.is_partial(rs) && !whole)?;
+            st.rewriting.remove(&p.record);
+            let mut buf = st.buffers.take_dirty(p.record).unwrap_or_default();
+            if whole {
+                buf = vec![0u8; keep];
+            } else if buf.len() > p.skip {
+                let stop = (p.skip + p.len).min(buf.len());
+                buf[p.skip..stop].fill(0);
+            }
+            st.buffers.put_dirty(p.record, buf);
+        }
+        Ok(())
+    }
+
+    /// The first record in `from..end` holding data: in memory, or stored (groups with nothing on
+    /// the lower are skipped without reading them).
+    fn next_data_record(&self, st: &mut State, from: u64, end: u64) -> FsResult<Option<u64>> {
+        let layout = self.layout();
+        let in_memory = st.buffers.first_pending_from(from);
+        let limit = in_memory.unwrap_or(end).min(end);
+        let mut record = from;
+        while record < limit {
+            let group = layout.record_to_group(record);
+            let Some(found) = self.store.next_stored_group(group)? else { break };
+            if found > group {
+                record = found * crate::format::layout::GROUP_RECORDS;
+                continue;
+            }
+            let group_end = ((group + 1) * crate::format::layout::GROUP_RECORDS).min(limit);
+            for r in record..group_end {
+                if self.store.stored_data(&mut st.store, r)? {
+                    return Ok(Some(r));
+                }
+            }
+            record = group_end;
+        }
+        Ok(in_memory.filter(|&r| r < end))
+    }
+
+    /// The first record in `from..end` that is a hole (or `end`); data records are visited once each.
+    fn next_hole_record(&self, st: &mut State, from: u64, end: u64) -> FsResult<u64> {
+        let mut record = from;
+        while record < end {
+            if !st.buffers.is_pending(record) {
+                let group = self.layout().record_to_group(record);
+                let group_stored = self.store.table_cached(&st.store, group) || self.store.next_stored_group(group)? == Some(group);
+                if !group_stored || !self.store.stored_data(&mut st.store, record)? {
+                    return Ok(record);
+                }
+            }
+            record += 1;
+        }
+        Ok(end)
+    }
+
+    /// SEEK_DATA / SEEK_HOLE at record granularity: a record is a hole when nothing or only an
+    /// all-zero record is stored for it (dirty records count as data). Costs in proportion to
+    /// the data, never to the offset.
+    pub fn seek(&self, offset: u64, want_data: bool) -> FsResult<u64> {
+        let _io = self.slot_io.read();
+        let mut st = self.state.lock();
+        let st = &mut *st;
+        let size = st.store.size;
+        if offset >= size {
+            return Err(FsError::errno(libc::ENXIO));
+        }
+        let layout = self.layout();
+        let records = layout.plain_size_to_records(size);
+        let from = layout.plain_off_to_record(offset);
+        if want_data {
+            match self.next_data_record(st, from, records)? {
+                Some(record) => Ok(offset.max(layout.record_to_plain_off(record))),
+                None => Err(FsError::errno(libc::ENXIO)),
+            }
+        } else {
+            let record = self.next_hole_record(st, from, records)?;
+            Ok(offset.max(layout.record_to_plain_off(record)).min(size))
+        }
+    }
+}

@@ -1,0 +1,167 @@
+//! Flush, writeback, fsync and recompress: the container's ways of making what is in memory
+//! land, and of making what landed durable.
+
+use super::{Container, State};
+use crate::codec::Compression;
+use crate::engine::RecordPolicy;
+use crate::format::layout::GROUP_RECORDS;
+use crate::core::error::FsResult;
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+impl Container {
+    /// Hands every dirty record to the engine and waits until all of them have landed, then
+    /// writes the header. Records dirtied by other writers after the call starts are not waited
+    /// for (so a busy writer cannot hold an fsync forever).
+    pub fn flush(self: &Arc<Self>) -> FsResult<()> {
+        let mut st = self.state.lock();
+        let mut pending: BTreeSet<u64> = st.buffers.dirty_records().into_iter().chain(st.buffers.in_flight_records()).collect();
+        loop {
+            if let Some(e) = st.write_error.take() {
+                return Err(e);
+            }
+            pending.retain(|&r| st.buffers.has_dirty_bytes(r) || st.buffers.is_in_flight(r));
+            if pending.is_empty() {
+                break;
+            }
+            let ready: Vec<u64> = pending.iter().copied().filter(|&r| st.buffers.is_dirty(r)).collect();
+            let jobs = self.prepare(&mut st, &ready);
+            if jobs.is_empty() {
+                // Waits for queued landings too: a record leaves flight only once it landed.
+                self.landed.wait(&mut st);
+            } else {
+                drop(st);
+                self.engine.submit(jobs);
+                st = self.state.lock();
+            }
+        }
+        self.store.write_header(&mut st.store)?;
+        // Only a run that wrote: a reader never writes (its descriptor is read-only).
+        let emptied = st.store.emptied();
+        drop(st);
+        if emptied {
+            self.cut_to_empty()?;
+        }
+        self.store.restore_mtime(&mut self.state.lock().store);
+        Ok(())
+    }
+
+    /// A file truncated to nothing becomes an empty lower file again (no header block).
+    fn cut_to_empty(&self) -> FsResult<()> {
+        let _io = self.slot_io.write();
+        let mut st = self.state.lock();
+        let st = &mut *st;
+        if !st.store.emptied() || !st.buffers.all_landed() {
+            return Ok(());
+        }
+        self.store.cut_to_empty(&mut st.store)?;
+        st.rewriting.clear();
+        st.buffers.clear_clean();
+        Ok(())
+    }
+
+    /// Background writeback (every few seconds): starts compressing every dirty record without
+    /// waiting, and records the size once nothing is in flight, so a crash loses little.
+    pub fn writeback(self: &Arc<Self>) -> FsResult<()> {
+        let jobs = {
+            let mut st = self.state.lock();
+            if st.buffers.all_landed() {
+                self.store.write_header(&mut st.store)?;
+                self.store.restore_mtime(&mut st.store);
+            }
+            let records = st.buffers.dirty_records();
+            self.prepare(&mut st, &records)
+        };
+        self.engine.submit(jobs);
+        Ok(())
+    }
+
+    /// fsync: everything written so far is on stable storage when this returns. Then the older
+    /// copies of rewritten records are no longer needed and their space is freed.
+    pub fn sync(self: &Arc<Self>, datasync: bool) -> FsResult<()> {
+        self.flush()?;
+        if !self.state.lock().store.wrote() {
+            // This run wrote nothing (a reader's fsync): no epoch to close, no header to write.
+            return Ok(self.store.sync_lower(datasync)?);
+        }
+        {
+            let _io = self.slot_io.read();
+            self.store.heal_all(&mut self.state.lock().store)?;
+        }
+        // Copies written from here on belong to the next epoch: this sync does not cover them.
+        let (was_stale, closing) = self.state.lock().store.begin_sync();
+        if let Err(e) = self.store.sync_lower(datasync) {
+            self.state.lock().store.sync_failed(was_stale);
+            return Err(e.into());
+        }
+        {
+            // Everything of the closing epoch is durable: record that in the header, and make
+            // the header durable too before returning. A run after a crash must know exactly
+            // which copies are durable: taking a durable copy for a possibly torn one (or the
+            // reverse) would make the next write overwrite the copy that must survive.
+            let mut st = self.state.lock();
+            st.store.synced(closing);
+            self.store.write_header(&mut st.store)?;
+        }
+        self.store.sync_lower(true)?;
+        let reclaimed = {
+            let _io = self.slot_io.write();
+            self.store.reclaim(&mut self.state.lock().store, was_stale)
+        };
+        self.store.restore_mtime(&mut self.state.lock().store);
+        reclaimed
+    }
+
+    /// Re-encodes every stored record with `compression` (ZFS's `zfs rewrite`). Each record takes
+    /// the ordinary write path, so the file stays readable and writable meanwhile and a crash
+    /// leaves every record at its old or its new encoding of the same bytes.
+    pub fn recompress(self: &Arc<Self>, compression: Compression, policy: RecordPolicy) -> FsResult<()> {
+        {
+            let mut st = self.state.lock();
+            st.store.compression = compression;
+            st.policy = policy;
+            st.store.header_stale = true;
+        }
+        let records = self.layout().plain_size_to_records(self.size());
+        let mut start = 0;
+        while start < records {
+            let end = (start + GROUP_RECORDS).min(records);
+            let mut batch = Vec::new();
+            for record in start..end {
+                let (_io, mut st) = self.lock_for_edit(record, false)?;
+                let st: &mut State = &mut st;
+                if self.store.stored_data(&mut st.store, record)? || st.buffers.is_pending(record) {
+                    batch.push(record);
+                }
+            }
+            for &record in &batch {
+                self.load(record, true)?;
+            }
+            let jobs = self.prepare(&mut self.state.lock(), &batch);
+            self.engine.submit(jobs);
+            self.wait_for_room();
+            start = end;
+        }
+        self.sync(true)?;
+        self.compact_tail()
+    }
+
+    /// After a rewrite the last record's copy may sit in its second slot, past where the lower
+    /// file ended: it is written again into its first slot (free once the sync reclaimed it) and
+    /// the lower file cut after it, so recompress never makes the lower file longer.
+    fn compact_tail(self: &Arc<Self>) -> FsResult<()> {
+        let records = self.layout().plain_size_to_records(self.size());
+        let Some(last) = records.checked_sub(1) else { return Ok(()) };
+        let in_second_slot = {
+            let _io = self.slot_io.read();
+            self.store.tail_in_second_slot(&mut self.state.lock().store, last)?
+        };
+        if !in_second_slot {
+            return Ok(());
+        }
+        self.load(last, false)?;
+        self.sync(true)?;
+        let _io = self.slot_io.write();
+        self.store.cut_after_first_slot(&mut self.state.lock().store, last)
+    }
+}

@@ -1,0 +1,477 @@
+//! The lower file of one container as a store of record copies: its header, its descriptor
+//! tables (cached, healed on first load), its slots, and the durability bookkeeping around them
+//! (epochs, the announcement of a run, the old copies and cleared slots a sync reclaims). It
+//! knows nothing of buffers or the engine: the container (`container.rs`) is the write-back
+//! cache above it, and `inspect` reads through the same table and slot readers.
+//!
+//! A store's mutable state is a [`StoreState`], owned by whoever serialises access to the store
+//! (the container keeps it under its state lock and passes it to every call that needs it).
+//! Writers of slots hold the container's `slot_io` exclusively; the store does not lock.
+
+use super::error::{FsError, FsResult};
+use super::lower;
+use crate::checksum::ChecksumKind;
+use crate::codec::Compression;
+use crate::format::durability::Epochs;
+use crate::format::layout::{GROUP_RECORDS, HEADER_BLOCK, TABLE_SIZE};
+use crate::format::{decode_table, newest_first, Descriptor, FormatError, Header, Layout, Pair, SlotState};
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::fs::File;
+use tracing::{error, warn};
+
+mod slots;
+
+/// Groups of descriptors cached per file (2 KiB each): tables are re-read when evicted, so a
+/// huge file's metadata does not grow memory without bound.
+const TABLE_CACHE_GROUPS: usize = 256;
+
+pub struct Store {
+    lower: File,
+    layout: Layout,
+    checksum: ChecksumKind,
+    /// Lower path, for log lines.
+    label: String,
+}
+
+/// What a store remembers between calls.
+pub struct StoreState {
+    /// The logical size (what the next header records).
+    pub size: u64,
+    /// How records written from now on are encoded (recorded in the header).
+    pub compression: Compression,
+    header_seq: u64,
+    persisted_size: u64,
+    /// The header must be rewritten even if the size did not change (the codec did).
+    pub header_stale: bool,
+    tables: HashMap<u64, Box<[Pair]>>,
+    /// Sync epochs (docs/FORMAT.md, "Epochs"; the rules are `format::durability`). Each
+    /// group's table is healed when first loaded, and the suspect range is kept in the header
+    /// until every group has been.
+    epochs: Epochs,
+    /// Groups healed in this run, and how many exist (for dropping the range once all are).
+    healed: HashSet<u64>,
+    groups_to_heal: u64,
+    /// Whether this run's epochs are recorded durably in the header: done before the run's
+    /// first descriptor write, so a later run never reuses them.
+    announced: bool,
+    /// Healed tables (in the cache) not written yet: a run that only reads writes nothing.
+    unpersisted: HashSet<u64>,
+    /// Every group with a table has been loaded (and healed) in this run.
+    heal_complete: bool,
+    /// Records whose other slot still holds an older copy, freed after the next sync.
+    stale: BTreeSet<u64>,
+    /// Slots a truncate cleared, punched after the next sync: punching them at once could reach
+    /// the disk before the cleared descriptor does, and a power cut would then leave a
+    /// descriptor pointing at a hole with an older copy behind it served in its place.
+    deferred_punch: BTreeSet<(u64, usize)>,
+    /// This run has written to the lower file: a run that only reads has nothing to sync.
+    wrote: bool,
+    /// Sizes up to this are known to fit the lower file system (see `check_lower_can_hold`).
+    checked_size: u64,
+    /// A header is on the lower file. A new file gets one with its first data, so an empty file
+    /// stays an empty lower file.
+    header_on_disk: bool,
+    /// The modification time users see. Writes the user did not make (landing after close,
+    /// healing, punching old copies, recompress) move the lower's mtime; it is put back to this
+    /// once the daemon's writes are done.
+    mtime: libc::timespec,
+    /// The last status change a user operation made, if the lower may not show it yet.
+    ctime: Option<libc::timespec>,
+    /// The lower's mtime may differ from `mtime`.
+    mtime_to_restore: bool,
+}
+
+impl StoreState {
+    fn all_healed(&self) -> bool {
+        self.heal_complete || self.healed.len() as u64 >= self.groups_to_heal
+    }
+
+    /// Every write the daemon makes to the lower file: the run has written, and the lower's
+    /// mtime must be put back afterwards.
+    fn touch(&mut self) {
+        self.wrote = true;
+        self.mtime_to_restore = true;
+    }
+
+    /// A user operation changed the file now: mtime and ctime move, as ext4 sets them.
+    pub fn user_changed(&mut self) {
+        let now = lower::now();
+        self.mtime = now;
+        self.ctime = Some(now);
+        self.mtime_to_restore = true;
+    }
+
+    pub fn times(&self) -> (libc::timespec, Option<libc::timespec>) {
+        (self.mtime, self.ctime)
+    }
+
+    pub fn wrote(&self) -> bool {
+        self.wrote
+    }
+
+    /// Whether closing needs a sync to free old copies.
+    pub fn has_stale(&self) -> bool {
+        !self.stale.is_empty() || !self.deferred_punch.is_empty()
+    }
+
+    /// An empty file whose header is on the lower (truncated to nothing by this run).
+    pub fn emptied(&self) -> bool {
+        self.size == 0 && self.header_on_disk && self.wrote
+    }
+
+    /// The range the header keeps: 0 once every group is healed.
+    fn persisted_heal_from(&self) -> u64 {
+        let done = self.all_healed() && self.unpersisted.is_empty();
+        if done { 0 } else { self.epochs.heal_from }
+    }
+
+    fn cache_table(&mut self, group: u64, table: Box<[Pair]>) {
+        if self.tables.len() >= TABLE_CACHE_GROUPS {
+            if let Some(&victim) = self.tables.keys().find(|&&g| g != group) {
+                self.tables.remove(&victim);
+                if self.unpersisted.remove(&victim) {
+                    self.healed.remove(&victim); // its healed view is gone: heal again on reload
+                }
+            }
+        }
+        self.tables.insert(group, table);
+    }
+
+    /// A sync begins: copies written from here on belong to the next epoch. Returns the old
+    /// copies to free once it completed, and the epoch it closes.
+    pub fn begin_sync(&mut self) -> (BTreeSet<u64>, u64) {
+        let closing = self.epochs.begin_sync();
+        (std::mem::take(&mut self.stale), closing)
+    }
+
+    /// The sync's first flush failed: the old copies are still to be freed later.
+    pub fn sync_failed(&mut self, stale: BTreeSet<u64>) {
+        self.stale.extend(stale);
+    }
+
+    /// Everything of the closing epoch is durable: the next header records that.
+    pub fn synced(&mut self, closing: u64) {
+        self.epochs.synced(closing);
+        self.header_stale = true;
+    }
+}
+
+/// Groups whose regions the lower file reaches (what healing may have to visit).
+fn groups_in(lower_len: u64, layout: Layout) -> u64 {
+    if lower_len == 0 { 1 } else { layout.lower_off_to_group(lower_len - 1) + 1 }
+}
+
+impl Store {
+    /// Reads the header block of a lower file: `None` if it is a plain file.
+    pub fn probe(file: &File) -> Result<Option<Header>, FormatError> {
+        let mut block = vec![0u8; HEADER_BLOCK as usize];
+        let n = lower::pread_full(file, &mut block, 0).map_err(|_| FormatError::BadHeader)?;
+        Header::decode(&block[..n])
+    }
+
+    /// A store for reading only (no state): what `inspect` uses.
+    pub fn reader(lower: File, layout: Layout, checksum: ChecksumKind, label: String) -> Store {
+        Store { lower, layout, checksum, label }
+    }
+
+    /// The store of a container whose header is `header`, and its state for this run.
+    pub fn open(lower: File, header: &Header, label: String) -> std::io::Result<(Store, StoreState)> {
+        use std::os::unix::fs::MetadataExt;
+        let meta = lower.metadata()?;
+        let state = StoreState {
+            size: header.size,
+            compression: Compression { codec: header.codec, level: header.level as i32 },
+            header_seq: header.sequence,
+            persisted_size: header.size,
+            header_stale: false,
+            tables: HashMap::new(),
+            epochs: Epochs::for_run(header),
+            healed: HashSet::new(),
+            groups_to_heal: groups_in(meta.len(), header.layout),
+            announced: false,
+            unpersisted: HashSet::new(),
+            heal_complete: false,
+            stale: BTreeSet::new(),
+            deferred_punch: BTreeSet::new(),
+            wrote: false,
+            checked_size: 0,
+            header_on_disk: true,
+            mtime: libc::timespec { tv_sec: meta.mtime(), tv_nsec: meta.mtime_nsec() },
+            ctime: None,
+            mtime_to_restore: false,
+        };
+        Ok((Store { lower, layout: header.layout, checksum: header.checksum, label }, state))
+    }
+
+    /// The store of a new, empty container on an empty lower file. Nothing is written until the
+    /// file gets data or a size: an empty file stays an empty lower file.
+    pub fn create(lower: File, header: &Header, label: String) -> std::io::Result<(Store, StoreState)> {
+        let (store, mut state) = Store::open(lower, header, label)?;
+        // This run's epochs are already past what the header will say: no announcement needed.
+        state.announced = true;
+        state.header_on_disk = false;
+        Ok((store, state))
+    }
+
+    pub fn layout(&self) -> Layout {
+        self.layout
+    }
+
+    pub fn checksum(&self) -> ChecksumKind {
+        self.checksum
+    }
+
+    pub fn label(&self) -> &str {
+        &self.label
+    }
+
+    pub fn lower(&self) -> &File {
+        &self.lower
+    }
+
+    // ---- times -------------------------------------------------------------------------
+
+    /// The user set the lower's times (utimensat): take them as the file's own.
+    pub fn times_set_by_user(&self, st: &mut StoreState) -> FsResult<()> {
+        use std::os::unix::fs::MetadataExt;
+        let meta = self.lower.metadata()?;
+        st.mtime = libc::timespec { tv_sec: meta.mtime(), tv_nsec: meta.mtime_nsec() };
+        st.ctime = None;
+        st.mtime_to_restore = false;
+        Ok(())
+    }
+
+    /// Puts the lower's mtime back to the user's after the daemon's own writes.
+    pub fn restore_mtime(&self, st: &mut StoreState) {
+        if !st.mtime_to_restore {
+            return;
+        }
+        let times = [libc::timespec { tv_sec: 0, tv_nsec: libc::UTIME_OMIT }, st.mtime];
+        if unsafe { libc::futimens(std::os::fd::AsRawFd::as_raw_fd(&self.lower), times.as_ptr()) } != 0 {
+            warn!(file = %self.label, "cannot keep the modification time: {}", std::io::Error::last_os_error());
+        }
+        st.mtime_to_restore = false;
+        st.ctime = None;
+    }
+
+    // ---- tables ------------------------------------------------------------------------
+
+    /// A group's table as the lower file holds it (not healed, not cached).
+    pub fn read_table(&self, group: u64) -> std::io::Result<Box<[Pair]>> {
+        let mut block = vec![0u8; TABLE_SIZE as usize];
+        lower::pread_full(&self.lower, &mut block, self.layout.group_to_table_off(group))?;
+        Ok(decode_table(&block, group, self.layout))
+    }
+
+    /// A record's two descriptors, from the cache or the lower file (healed on first load).
+    pub fn pair(&self, st: &mut StoreState, record: u64) -> FsResult<Pair> {
+        let group = self.layout.record_to_group(record);
+        let index = self.layout.record_to_entry_index(record);
+        if let Some(table) = st.tables.get(&group) {
+            return Ok(table[index]);
+        }
+        let mut table = self.read_table(group)?;
+        if st.healed.insert(group) {
+            self.heal(st, group, &mut table)?;
+            // A run that only reads keeps the healed view in memory and writes no header.
+            if st.all_healed() && st.epochs.heal_from != 0 && st.announced {
+                st.header_stale = true;
+            }
+        }
+        for (i, pair) in table.iter().enumerate() {
+            for (slot, s) in pair.iter().enumerate() {
+                if *s == SlotState::Damaged {
+                    warn!(file = %self.label, record = group * GROUP_RECORDS + i as u64, slot, "damaged slot descriptor ignored");
+                }
+            }
+        }
+        let pair = table[index];
+        st.cache_table(group, table);
+        Ok(pair)
+    }
+
+    /// A record's valid copies, newest first; a record whose only descriptors are damaged held
+    /// data and is unreadable (not a hole to read as zeros).
+    pub fn copies(&self, st: &mut StoreState, record: u64) -> FsResult<Vec<(usize, Descriptor)>> {
+        let pair = self.pair(st, record)?;
+        let found = newest_first(&pair);
+        if found.is_empty() && pair.contains(&SlotState::Damaged) {
+            error!(file = %self.label, record, "record unreadable: its slot descriptors are damaged");
+            return Err(FsError::corrupt(format!("{}: record {record}: damaged slot descriptor", self.label)));
+        }
+        Ok(found)
+    }
+
+    /// Whether a record has data stored on the lower file (not a hole).
+    pub fn stored_data(&self, st: &mut StoreState, record: u64) -> FsResult<bool> {
+        Ok(newest_first(&self.pair(st, record)?).first().is_some_and(|(_, d)| !d.is_hole()))
+    }
+
+    /// Whether `group`'s table is cached (it may hold data without anything on the lower yet).
+    pub fn table_cached(&self, st: &StoreState, group: u64) -> bool {
+        st.tables.contains_key(&group)
+    }
+
+    /// Heals a group's table on first load: each copy a crashed run left (epoch in the suspect
+    /// range) is checked; torn ones are cleared, intact ones re-stamped with this run's epoch so
+    /// the next sync makes them durable. Never judged durable by mistake, so a write never
+    /// overwrites the copy that must survive.
+    fn heal(&self, st: &mut StoreState, group: u64, table: &mut [Pair]) -> FsResult<()> {
+        let mut changed = false;
+        for (i, pair) in table.iter_mut().enumerate() {
+            let record = group * GROUP_RECORDS + i as u64;
+            let check = st.epochs.slots_to_check(pair);
+            let mut intact = [true; 2];
+            for slot in 0..2 {
+                if let (true, SlotState::Valid(d)) = (check[slot], pair[slot]) {
+                    intact[slot] = self.checksum.compute(&self.read_copy(record, slot, &d)?) == d.checksum;
+                }
+            }
+            if let Some(dropped) = st.epochs.heal(pair, intact) {
+                for slot in (0..2).filter(|&s| dropped[s]) {
+                    warn!(file = %self.label, record, slot, "dropping a copy torn by a crash or power cut (never synced); the previous copy stays");
+                }
+                changed = true;
+            }
+        }
+        if changed {
+            if st.announced {
+                self.write_table(st, group, table)?;
+            } else {
+                st.unpersisted.insert(group); // written once this run writes at all
+            }
+        }
+        Ok(())
+    }
+
+    fn write_table(&self, st: &mut StoreState, group: u64, table: &[Pair]) -> FsResult<()> {
+        st.touch();
+        let mut block = Vec::with_capacity(TABLE_SIZE as usize);
+        for pair in table {
+            for s in pair {
+                block.extend_from_slice(&s.encode());
+            }
+        }
+        lower::pwrite_all(&self.lower, &block, self.layout.group_to_table_off(group))?;
+        Ok(())
+    }
+
+    /// Heals every group not loaded yet (before a sync, so the range can go from the header).
+    /// Only groups with something on the lower file are visited: a sparse file costs in
+    /// proportion to its data, not its size.
+    pub fn heal_all(&self, st: &mut StoreState) -> FsResult<()> {
+        if st.all_healed() {
+            return Ok(());
+        }
+        // Healed tables are written as they are loaded (the cache does not have to hold them all).
+        self.announce(st)?;
+        let mut group = 0;
+        while let Some(found) = self.next_stored_group(group)? {
+            if !st.healed.contains(&found) {
+                self.pair(st, found * GROUP_RECORDS)?;
+            }
+            group = found + 1;
+        }
+        st.heal_complete = true;
+        if st.epochs.heal_from != 0 {
+            st.header_stale = true;
+        }
+        Ok(())
+    }
+
+    /// The first group from `group` on whose region holds anything on the lower file. A group
+    /// never written is a hole there (its table too), so SEEK_DATA skips it without reading.
+    pub fn next_stored_group(&self, group: u64) -> std::io::Result<Option<u64>> {
+        let from = if group == 0 { 0 } else { self.layout.group_to_table_off(group) };
+        Ok(lower::seek_data(&self.lower, from)?.map(|off| self.layout.lower_off_to_group(off).max(group)))
+    }
+
+    /// Records this run's epochs in the header, durably, before its first descriptor write;
+    /// then writes the tables healed so far.
+    fn announce(&self, st: &mut StoreState) -> FsResult<()> {
+        if st.announced {
+            return Ok(());
+        }
+        st.header_stale = true;
+        // The size stays what the last header said: records of this run may still be dirty
+        // (say, a tail zeroed before the file grew), and a larger size must not reach the disk
+        // before they have landed, or a crash would show what they held before.
+        self.write_header_sized(st, st.persisted_size)?;
+        lower::fdatasync(&self.lower)?;
+        st.announced = true;
+        for group in std::mem::take(&mut st.unpersisted) {
+            if let Some(table) = st.tables.get(&group).cloned() {
+                self.write_table(st, group, &table)?;
+            }
+        }
+        if st.all_healed() && st.epochs.heal_from != 0 {
+            st.header_stale = true;
+        }
+        Ok(())
+    }
+
+    fn set_descriptor(&self, st: &mut StoreState, record: u64, slot: usize, state: SlotState) -> FsResult<()> {
+        if matches!(state, SlotState::Valid(_)) {
+            self.announce(st)?;
+            if !st.header_on_disk {
+                // A new file's first record: its header goes first (the descriptors alone would
+                // make it a container whose header is gone).
+                st.header_stale = true;
+                self.write_header(st)?;
+            }
+        }
+        st.touch();
+        let bytes = state.encode();
+        lower::pwrite_all(&self.lower, &bytes, self.layout.record_to_descriptor_off(record, slot))?;
+        let group = self.layout.record_to_group(record);
+        if let Some(table) = st.tables.get_mut(&group) {
+            table[self.layout.record_to_entry_index(record)][slot] = state;
+        }
+        Ok(())
+    }
+
+    // ---- header and syncs --------------------------------------------------------------
+
+    /// Writes the header (if anything in it changed), recording the current size.
+    pub fn write_header(&self, st: &mut StoreState) -> FsResult<()> {
+        self.write_header_sized(st, st.size)
+    }
+
+    fn write_header_sized(&self, st: &mut StoreState, size: u64) -> FsResult<()> {
+        if size == st.persisted_size && !st.header_stale {
+            return Ok(());
+        }
+        if size == 0 && !st.header_on_disk {
+            return Ok(()); // an empty new file stays an empty lower file
+        }
+        st.touch();
+        let sequence = st.header_seq + 1;
+        let header = Header {
+            layout: self.layout,
+            checksum: self.checksum,
+            codec: st.compression.codec,
+            level: st.compression.level as i8,
+            size,
+            sequence,
+            durable_below: st.epochs.durable_below,
+            heal_from: st.persisted_heal_from(),
+        };
+        let encoded = header.encode();
+        if st.header_on_disk {
+            lower::pwrite_all(&self.lower, &encoded, Header::copy_offset(sequence))?;
+        } else {
+            // A new file's first header fills both copies: each write after it replaces one.
+            lower::pwrite_all(&self.lower, &[encoded.as_slice(), encoded.as_slice()].concat(), 0)?;
+        }
+        st.header_seq = sequence;
+        st.persisted_size = size;
+        st.header_stale = false;
+        st.header_on_disk = true;
+        Ok(())
+    }
+
+    /// fdatasync (`datasync`) or fsync of the lower file.
+    pub fn sync_lower(&self, datasync: bool) -> std::io::Result<()> {
+        if datasync { lower::fdatasync(&self.lower) } else { lower::fsync(&self.lower) }
+    }
+}

@@ -1,0 +1,195 @@
+//! The store's slots: reading and writing record copies, reclaiming old copies after a sync,
+//! and cutting the lower file (truncates, an emptied file, recompress's tail).
+
+use super::{Store, StoreState};
+use crate::core::error::{FsError, FsResult};
+use crate::core::lower;
+use crate::engine::Encoded;
+use crate::format::layout::{round_up_block, GROUP_RECORDS, HEADER_BLOCK, INLINE_CAPACITY, INLINE_OFF};
+use crate::format::{newest_first, Descriptor, FormatError, SlotState, FLAG_INLINE};
+use std::collections::BTreeSet;
+
+impl Store {
+    // ---- slots -------------------------------------------------------------------------
+
+    /// The stored bytes of one copy. A slot cut short (a truncated lower file) keeps its
+    /// length: the missing bytes read as zeros and fail the checksum, so it is never taken for
+    /// a hole.
+    pub fn read_copy(&self, record: u64, slot: usize, d: &Descriptor) -> std::io::Result<Vec<u8>> {
+        let mut stored = vec![0u8; d.stored_len as usize];
+        let at = if d.is_inline() { INLINE_OFF } else { self.layout.record_to_slot_off(record, slot) };
+        lower::pread_full(&self.lower, &mut stored, at)?;
+        Ok(stored)
+    }
+
+    /// Verifies and decodes one copy (`format::record`).
+    pub fn decode_copy(&self, record: u64, slot: usize, d: &Descriptor) -> std::io::Result<Result<Vec<u8>, FormatError>> {
+        let stored = self.read_copy(record, slot, d)?;
+        Ok(crate::format::record::verify_and_decode(d.codec(), &stored, d.logical_len as usize, self.checksum, d.checksum))
+    }
+
+    /// Writes a new copy of a record (docs/FORMAT.md, "Writing a record"): the stored bytes
+    /// into the target slot (punching what the slot held past them), then its descriptor.
+    /// `only_if_smaller` (recompress): nothing is written unless the copy takes fewer blocks.
+    /// Caller holds `slot_io` exclusively.
+    pub fn write_copy(&self, st: &mut StoreState, record: u64, encoded: &Encoded, only_if_smaller: bool) -> FsResult<()> {
+        let pair = self.pair(st, record)?;
+        let found = newest_first(&pair);
+        // Keep the last durable copy (format::durability).
+        let target = st.epochs.target_slot(&pair);
+        let generation = found.first().map_or(0, |(_, d)| d.generation) + 1;
+        let stored = encoded.bytes.len() as u64;
+        let inline = record == 0 && target == 0 && stored > 0 && stored <= INLINE_CAPACITY;
+        let slot_off = self.layout.record_to_slot_off(record, target);
+        // Bytes the slot's own area held and holds now (an inline copy holds none of it).
+        let old_len = match pair[target] {
+            SlotState::Valid(d) if d.is_inline() => 0,
+            SlotState::Valid(d) => round_up_block(d.stored_len as u64),
+            SlotState::Damaged => self.layout.record_size(),
+            SlotState::Empty => 0,
+        };
+        let new_len = if inline { 0 } else { round_up_block(stored) };
+        if only_if_smaller {
+            // Recompress keeps what was smaller: a stronger codec must never make a file take
+            // more blocks (say, a one-block inline record moving out to a slot of its own).
+            if let Some(&(_, current)) = found.first() {
+                let now = if current.is_inline() { 0 } else { round_up_block(current.stored_len as u64) };
+                if new_len >= now {
+                    return Ok(());
+                }
+            }
+        }
+        st.touch();
+        if stored > 0 {
+            lower::pwrite_all(&self.lower, &encoded.bytes, if inline { INLINE_OFF } else { slot_off })?;
+        }
+        if old_len > new_len {
+            lower::punch_hole(&self.lower, slot_off + new_len, old_len - new_len)?;
+        }
+        let descriptor = Descriptor {
+            generation,
+            stored_len: encoded.bytes.len() as u32,
+            logical_len: encoded.logical_len,
+            codec_id: encoded.codec as u8,
+            level: encoded.level,
+            flags: if inline { FLAG_INLINE } else { 0 },
+            checksum: encoded.checksum,
+            epoch: st.epochs.epoch,
+        };
+        self.set_descriptor(st, record, target, SlotState::Valid(descriptor))?;
+        if pair[1 - target] != SlotState::Empty {
+            st.stale.insert(record);
+        }
+        Ok(())
+    }
+
+    /// Frees the non-current slot of each record (their current copy is durable), and the
+    /// slots truncates cleared (their cleared descriptors are durable now).
+    /// Caller holds `slot_io` exclusively.
+    pub fn reclaim(&self, st: &mut StoreState, records: BTreeSet<u64>) -> FsResult<()> {
+        let rs = self.layout.record_size();
+        for (record, slot) in std::mem::take(&mut st.deferred_punch) {
+            // Skip a slot written again since (its descriptor is set again).
+            if self.pair(st, record)?[slot] == SlotState::Empty {
+                st.touch();
+                lower::punch_hole(&self.lower, self.layout.record_to_slot_off(record, slot), rs)?;
+            }
+        }
+        let limit = self.layout.plain_size_to_records(st.size);
+        for record in records {
+            if record >= limit {
+                continue;
+            }
+            let pair = self.pair(st, record)?;
+            let Ok(free) = st.epochs.reclaimable(&pair) else {
+                st.stale.insert(record); // rewritten again since: its old copy is still needed
+                continue;
+            };
+            if let Some(other) = free {
+                self.set_descriptor(st, record, other, SlotState::Empty)?;
+                lower::punch_hole(&self.lower, self.layout.record_to_slot_off(record, other), rs)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Drops every record from `first` on, on the lower file: descriptors of records sharing a
+    /// table that stays (the boundary group's, and always group 0's, which lives in block 0) are
+    /// cleared one by one and their slots punched after the next sync; later groups are cut off
+    /// with their tables. Caller holds `slot_io` exclusively.
+    pub fn discard_from(&self, st: &mut StoreState, first: u64) -> FsResult<()> {
+        st.stale = st.stale.range(..first).copied().collect();
+        let clear_end = if first > 0 && first % GROUP_RECORDS == 0 { first } else { (first / GROUP_RECORDS + 1) * GROUP_RECORDS };
+        for record in first..clear_end {
+            let pair = self.pair(st, record)?;
+            for (slot, s) in pair.iter().enumerate() {
+                if *s != SlotState::Empty {
+                    self.set_descriptor(st, record, slot, SlotState::Empty)?;
+                    st.deferred_punch.insert((record, slot));
+                }
+            }
+        }
+        let keep_len = self.layout.records_to_lower_len(first.max(1));
+        if self.lower.metadata()?.len() > keep_len {
+            st.touch();
+            self.lower.set_len(keep_len)?;
+        }
+        let kept_groups = clear_end / GROUP_RECORDS;
+        st.tables.retain(|&g, _| g < kept_groups);
+        Ok(())
+    }
+
+    /// A file truncated to nothing becomes an empty lower file again (no header block), so it
+    /// takes no more space than an empty plain file. Crash-safe: an empty lower file is an empty
+    /// file, whatever else of the truncate a power cut keeps or undoes.
+    pub fn cut_to_empty(&self, st: &mut StoreState) -> FsResult<()> {
+        st.touch();
+        self.lower.set_len(0)?;
+        st.header_on_disk = false;
+        st.header_stale = false;
+        st.persisted_size = 0;
+        st.tables.clear();
+        st.unpersisted.clear();
+        st.stale.clear();
+        st.deferred_punch.clear();
+        st.heal_complete = true;
+        Ok(())
+    }
+
+    /// Whether the last record's only copy sits in its second slot (after a rewrite).
+    pub fn tail_in_second_slot(&self, st: &mut StoreState, last: u64) -> FsResult<bool> {
+        let pair = self.pair(st, last)?;
+        Ok(pair[0] == SlotState::Empty && matches!(pair[1], SlotState::Valid(d) if !d.is_hole()))
+    }
+
+    /// Cuts the lower file right after the last record's copy in its first slot (if that is
+    /// where it is). Caller holds `slot_io` exclusively.
+    pub fn cut_after_first_slot(&self, st: &mut StoreState, last: u64) -> FsResult<()> {
+        let end = match self.pair(st, last)? {
+            [SlotState::Valid(d), SlotState::Empty] if d.is_inline() => HEADER_BLOCK,
+            [SlotState::Valid(d), SlotState::Empty] => self.layout.record_to_slot_off(last, 0) + round_up_block(d.stored_len as u64),
+            _ => return Ok(()),
+        };
+        if self.lower.metadata()?.len() > end {
+            st.touch();
+            self.lower.set_len(end)?;
+            self.restore_mtime(st);
+        }
+        Ok(())
+    }
+
+    /// Refuses a size whose records the lower file system cannot hold (EFBIG, as the lower would
+    /// say), when the write or truncate is made rather than when its record lands.
+    pub fn check_lower_can_hold(&self, st: &mut StoreState, end: u64) -> FsResult<()> {
+        if end <= st.size.max(st.checked_size) || end == 0 {
+            return Ok(());
+        }
+        let last = self.layout.plain_off_to_record(end - 1);
+        let lower_end = self.layout.record_to_slot_off(last, 1).checked_add(self.layout.record_size());
+        if !lower_end.is_some_and(|e| lower::offset_allowed(&self.lower, e)) {
+            return Err(FsError::new(libc::EFBIG, format!("{}: the lower file system cannot hold a file of {end} bytes stored this way", self.label)));
+        }
+        st.checked_size = end;
+        Ok(())
+    }
+}
