@@ -287,3 +287,23 @@ fn reports_and_opens_running_together_do_not_deadlock() {
     assert!(reports > 0);
     m.unmount();
 }
+
+#[test]
+fn sizes_read_the_same_in_set_recompress_and_mount_options() {
+    let d = Dirs::new();
+    let m = Mount::new(&d.lower, &d.mnt, "recordsize=32KiB");
+    assert_eq!(value("recordsize", &d.mnt), "32K");
+    let dir = m.path("d");
+    fs::create_dir(&dir).unwrap();
+    ok(densefs(&["set", "recordsize=64KiB"], &[&dir]));
+    assert_eq!(value("recordsize", &dir), "64K");
+    let data = compressible(300_000, 3);
+    fs::write(dir.join("f"), &data).unwrap();
+    assert_eq!(stored_as(&d.lower.join("d/f")).1, 16);
+    ok(densefs(&["recompress", "-q", "-o", "recordsize=128KiB"], &[&dir.join("f")]));
+    assert_eq!(stored_as(&d.lower.join("d/f")).1, 17);
+    assert!(fs::read(dir.join("f")).unwrap() == data);
+    let out = densefs(&["set", "recordsize=1G"], &[&dir]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("invalid recordsize '1G'"), "{out:?}");
+    m.unmount();
+}

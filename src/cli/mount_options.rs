@@ -1,10 +1,7 @@
 //! `densefs mount -o ...`: the mount options, parsed into what the daemon is asked for.
 
-use crate::checksum::ChecksumKind;
-use crate::codec::Compression;
 use crate::core::Options;
-use crate::engine::{EngineConfig, MinSavings, Offload};
-use crate::format::Layout;
+use crate::engine::EngineConfig;
 use fuser::MountOption;
 
 /// Everything `densefs mount` was asked for.
@@ -26,21 +23,9 @@ fn on_off(key: &str, value: Option<&str>) -> Result<bool, String> {
     }
 }
 
-/// "64K", "16M", "1G" or a plain number of bytes.
+/// "64K", "16M", "1G" or a plain number of bytes (the one size grammar, core/props.rs).
 pub fn parse_size(text: &str) -> Option<u64> {
-    let (digits, unit) = match text.char_indices().find(|(_, c)| !c.is_ascii_digit()) {
-        Some((i, _)) => text.split_at(i),
-        None => (text, ""),
-    };
-    let n: u64 = digits.parse().ok()?;
-    let mult = match unit {
-        "" => 1,
-        "k" | "K" | "KiB" => 1 << 10,
-        "m" | "M" | "MiB" => 1 << 20,
-        "g" | "G" | "GiB" => 1 << 30,
-        _ => return None,
-    };
-    n.checked_mul(mult)
+    crate::core::props::parse_size(text)
 }
 
 /// Parses a comma-separated `-o` list (all `-o` arguments joined).
@@ -58,17 +43,12 @@ pub fn parse_mount_options(list: &str) -> Result<MountConfig, String> {
         let need = |v: Option<&str>| -> Result<String, String> {
             v.map(str::to_string).ok_or_else(|| format!("mount option '{key}' needs a value ({key}=...)"))
         };
+        // Every property is a mount option too, setting the root's default (core/props.rs's table).
+        if let Ok(property) = crate::core::props::property(if key == "compress" { "compression" } else { key }) {
+            property.parse_into(&need(value)?, &mut options)?;
+            continue;
+        }
         match key {
-            "compression" | "compress" => options.compression = Compression::parse(&need(value)?)?,
-            "recordsize" => {
-                let v = need(value)?;
-                options.layout = parse_size(&v).and_then(Layout::new).ok_or_else(|| {
-                    format!("invalid recordsize '{v}' (a power of two from 4K to 1M, e.g. 128K)")
-                })?;
-            }
-            "checksum" => options.checksum = ChecksumKind::parse(&need(value)?)?,
-            "min_savings" => options.min_savings = MinSavings::parse(&need(value)?)?,
-            "offload" => options.offload = Offload::parse(&need(value)?)?,
             "offload_min" | "offload_max" => {
                 let v = need(value)?;
                 let n = parse_size(&v).filter(|n| (1..=1 << 20).contains(n)).ok_or_else(|| format!("invalid {key} '{v}' (a size up to 1M, e.g. 4K)"))?;
@@ -119,6 +99,7 @@ pub fn parse_mount_options(list: &str) -> Result<MountConfig, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::{checksum::ChecksumKind, engine::MinSavings};
 
     #[test]
     fn options_parse_and_bad_ones_are_explained() {

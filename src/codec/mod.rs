@@ -1,7 +1,8 @@
 //! Codecs: pure functions over flat buffers, one row per codec in [`CODECS`].
 //!
-//! Like OpenZFS's `zio_compress_table`, every codec is a row (name, compress, decompress)
-//! indexed by an append-only on-disk id ([`Codec`]). A *setting* ([`Compression`]) is a codec
+//! Like OpenZFS's `zio_compress_table`, every codec is a row ([`CodecInfo`]: name, levels,
+//! whether it is fast, which accelerators run it, compress, decompress) indexed by an
+//! append-only on-disk id ([`Codec`]). A *setting* ([`Compression`]) is a codec
 //! plus a level, spelled as ZFS spells it (`gzip-9`, `zstd-fast-3`, `on`).
 //!
 //! Contract of every row:
@@ -62,11 +63,46 @@ impl std::error::Error for CodecError {}
 pub type CompressFn = fn(src: &[u8], dst: &mut [u8], level: i32) -> Option<usize>;
 pub type DecompressFn = fn(src: &[u8], dst: &mut [u8]) -> Result<(), CodecError>;
 
+/// The levels a codec takes, as ZFS spells them: `NAME-N` for `min..=max`, and `NAME-fast-N`
+/// for `1..=fast` (stored as level `-N`; `fast: 0` when there is none).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Levels {
+    pub min: i32,
+    pub max: i32,
+    /// What the bare name means (`gzip` = `gzip-6`).
+    pub default: i32,
+    pub fast: i32,
+}
+
+/// One codec: everything the rest of densefs knows about it. Parsing and printing settings,
+/// the error messages listing valid names, the pre-check, the statistics' slots, which
+/// accelerators may run it and the fuzz target's choice all derive from these rows.
 pub struct CodecInfo {
     pub codec: Codec,
     pub name: &'static str,
+    /// Other names of the setting with the default level (ZFS's `on`).
+    pub aliases: &'static [&'static str],
+    /// `None`: the codec has no levels (the level is 0 and is not printed).
+    pub levels: Option<Levels>,
+    /// Cheap enough that probing the data first would cost as much as compressing it (the
+    /// engine's pre-check skips these).
+    pub fast: bool,
+    /// Accelerators (their `Device::name`) that may run it; every codec runs on the CPU.
+    pub devices: &'static [&'static str],
     pub compress: CompressFn,
     pub decompress: DecompressFn,
+}
+
+impl CodecInfo {
+    /// The setting the bare name stands for.
+    pub fn default_setting(&self) -> Compression {
+        Compression { codec: self.codec, level: self.levels.map_or(0, |l| l.default) }
+    }
+
+    /// Whether the accelerator named `device` may run this codec.
+    pub fn runs_on(&self, device: &str) -> bool {
+        self.devices.contains(&device)
+    }
 }
 
 fn store_compress(src: &[u8], dst: &mut [u8], _level: i32) -> Option<usize> {
@@ -83,15 +119,44 @@ fn store_decompress(src: &[u8], dst: &mut [u8]) -> Result<(), CodecError> {
     Ok(())
 }
 
-/// The codec table, indexed by `Codec as usize`.
+/// Accelerators that run the standard stream formats (`engine/gpu`, and the test double
+/// `engine/faulty.rs`, which mimics it).
+const GPU_AND_TEST: &[&str] = &["gpu", "faulty"];
+
+/// The codec table, indexed by `Codec as usize` (the on-disk id, docs/FORMAT.md).
+///
+/// Adding a codec: a module with `compress`/`decompress` (the contract above), a variant of
+/// [`Codec`] with the next free id, and a row here; then its round-trip tests in `tests.rs`
+/// and its line in docs/FORMAT.md's codec table. Nothing else names codecs one by one.
 pub static CODECS: [CodecInfo; 6] = [
-    CodecInfo { codec: Codec::Off, name: "off", compress: store_compress, decompress: store_decompress },
-    CodecInfo { codec: Codec::Lz4, name: "lz4", compress: lz4::compress, decompress: lz4::decompress },
-    CodecInfo { codec: Codec::Deflate, name: "gzip", compress: deflate::compress, decompress: deflate::decompress },
-    CodecInfo { codec: Codec::Zstd, name: "zstd", compress: zstd::compress, decompress: zstd::decompress },
-    CodecInfo { codec: Codec::Lzjb, name: "lzjb", compress: lzjb::compress, decompress: lzjb::decompress },
-    CodecInfo { codec: Codec::Zle, name: "zle", compress: zle::compress, decompress: zle::decompress },
+    CodecInfo { codec: Codec::Off, name: "off", aliases: &[], levels: None, fast: true, devices: &[], compress: store_compress, decompress: store_decompress },
+    CodecInfo { codec: Codec::Lz4, name: "lz4", aliases: &["on"], levels: None, fast: true, devices: GPU_AND_TEST, compress: lz4::compress, decompress: lz4::decompress },
+    CodecInfo {
+        codec: Codec::Deflate,
+        name: "gzip",
+        aliases: &[],
+        levels: Some(Levels { min: 1, max: 9, default: 6, fast: 0 }),
+        fast: false,
+        devices: GPU_AND_TEST,
+        compress: deflate::compress,
+        decompress: deflate::decompress,
+    },
+    CodecInfo {
+        codec: Codec::Zstd,
+        name: "zstd",
+        aliases: &[],
+        levels: Some(Levels { min: 1, max: 19, default: 3, fast: 10 }),
+        fast: false,
+        devices: GPU_AND_TEST,
+        compress: zstd::compress,
+        decompress: zstd::decompress,
+    },
+    CodecInfo { codec: Codec::Lzjb, name: "lzjb", aliases: &[], levels: None, fast: true, devices: &[], compress: lzjb::compress, decompress: lzjb::decompress },
+    CodecInfo { codec: Codec::Zle, name: "zle", aliases: &[], levels: None, fast: true, devices: &[], compress: zle::compress, decompress: zle::decompress },
 ];
+
+/// The name of the per-record setting ([`Codec::Auto`]), which is not a row.
+pub const AUTO_NAME: &str = "auto";
 
 impl Codec {
     pub fn from_id(id: u8) -> Result<Codec, CodecError> {
@@ -103,28 +168,55 @@ impl Codec {
         if id == Codec::Auto as u8 { Ok(Codec::Auto) } else { Codec::from_id(id) }
     }
 
-    pub fn info(self) -> &'static CodecInfo {
-        CODECS.get(self as usize).expect("BUG: 'auto' is resolved to a codec by the engine before use")
+    /// The codec's row; `None` for [`Codec::Auto`], a setting the engine resolves per record.
+    pub fn row(self) -> Option<&'static CodecInfo> {
+        CODECS.get(self as usize)
     }
 
     pub fn name(self) -> &'static str {
-        if self == Codec::Auto { "auto" } else { self.info().name }
+        self.row().map_or(AUTO_NAME, |r| r.name)
     }
 
+    /// Cheap enough that probing first would cost as much as compressing (`auto`: no).
+    pub fn is_fast(self) -> bool {
+        self.row().is_some_and(|r| r.fast)
+    }
+
+    /// Compresses with this codec; `auto` is no stream format and compresses nothing (`None`:
+    /// the record would be stored raw), so a setting that slipped through unresolved is safe.
     pub fn compress(self, src: &[u8], dst: &mut [u8], level: i32) -> Option<usize> {
-        (self.info().compress)(src, dst, level)
+        (self.row()?.compress)(src, dst, level)
     }
 
+    /// Decodes a stream of this codec; `auto` never names a stream, so it is an error.
     pub fn decompress(self, src: &[u8], dst: &mut [u8]) -> Result<(), CodecError> {
-        (self.info().decompress)(src, dst)
+        (self.row().ok_or(CodecError::UnknownCodec(self as u8))?.decompress)(src, dst)
     }
 }
 
-/// A compression setting: a codec and its level, as a user names it.
+/// Every spelling [`Compression::parse`] accepts, for error messages and help:
+/// `off, on, lz4, gzip, gzip-1..9, zstd, zstd-1..19, zstd-fast-1..10, lzjb, zle or auto`.
+pub fn setting_names() -> String {
+    let mut names = Vec::new();
+    for row in &CODECS {
+        names.extend(row.aliases.iter().map(|a| a.to_string()));
+        names.push(row.name.to_string());
+        if let Some(l) = row.levels {
+            names.push(format!("{}-{}..{}", row.name, l.min, l.max));
+            if l.fast > 0 {
+                names.push(format!("{}-fast-1..{}", row.name, l.fast));
+            }
+        }
+    }
+    format!("{} or {AUTO_NAME}", names.join(", "))
+}
+
+/// A compression setting: a codec and its level, as a user names it. The codec may be
+/// [`Codec::Auto`] (the engine picks one per record: [`Compression::is_auto`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Compression {
     pub codec: Codec,
-    /// gzip: 1..=9; zstd: 1..=19, or -1..=-10 for zstd-fast-N; ignored by the others.
+    /// In the codec's [`Levels`] (negative for `-fast-N`); 0 for codecs without levels.
     pub level: i32,
 }
 
@@ -133,52 +225,42 @@ impl Compression {
     pub const LZ4: Compression = Compression { codec: Codec::Lz4, level: 0 };
     pub const AUTO: Compression = Compression { codec: Codec::Auto, level: 0 };
 
-    /// Parses ZFS's spelling: off, on, lz4, gzip, gzip-1..9, zstd, zstd-1..19,
-    /// zstd-fast-1..10, lzjb, zle; and auto (the engine picks per record).
+    /// Whether this is `auto`, not a codec: resolve it (engine::policy::choose_auto) before use.
+    pub fn is_auto(&self) -> bool {
+        self.codec == Codec::Auto
+    }
+
+    /// Parses ZFS's spelling from the rows of [`CODECS`] (see [`setting_names`]), and `auto`.
     pub fn parse(name: &str) -> Result<Compression, String> {
-        let bad = || {
-            format!(
-                "unknown compression '{name}' (expected off, on, lz4, gzip, gzip-1..9, zstd, \
-                 zstd-1..19, zstd-fast-1..10, lzjb, zle or auto)"
-            )
+        let bad = || format!("unknown compression '{name}' (expected {})", setting_names());
+        if name == AUTO_NAME {
+            return Ok(Compression::AUTO);
+        }
+        // Digits as written by Display: no sign, no leading zero.
+        let level_in = |digits: &str, lo: i32, hi: i32| -> Option<i32> {
+            digits.parse::<i32>().ok().filter(|n| (lo..=hi).contains(n) && !digits.starts_with(['+', '0']))
         };
-        let level_in = |digits: &str, lo: i32, hi: i32| -> Result<i32, String> {
-            match digits.parse::<i32>() {
-                Ok(n) if (lo..=hi).contains(&n) && !digits.starts_with(['+', '0']) => Ok(n),
-                _ => Err(bad()),
+        for row in &CODECS {
+            if row.name == name || row.aliases.contains(&name) {
+                return Ok(row.default_setting());
             }
-        };
-        let setting = match name {
-            "off" => Compression::OFF,
-            "on" | "lz4" => Compression::LZ4,
-            "gzip" => Compression { codec: Codec::Deflate, level: 6 },
-            "zstd" => Compression { codec: Codec::Zstd, level: 3 },
-            "lzjb" => Compression { codec: Codec::Lzjb, level: 0 },
-            "zle" => Compression { codec: Codec::Zle, level: 0 },
-            "auto" => Compression::AUTO,
-            _ => {
-                if let Some(n) = name.strip_prefix("gzip-") {
-                    Compression { codec: Codec::Deflate, level: level_in(n, 1, 9)? }
-                } else if let Some(n) = name.strip_prefix("zstd-fast-") {
-                    Compression { codec: Codec::Zstd, level: -level_in(n, 1, 10)? }
-                } else if let Some(n) = name.strip_prefix("zstd-") {
-                    Compression { codec: Codec::Zstd, level: level_in(n, 1, 19)? }
-                } else {
-                    return Err(bad());
-                }
-            }
-        };
-        Ok(setting)
+            let (Some(levels), Some(rest)) = (row.levels, name.strip_prefix(row.name).and_then(|r| r.strip_prefix('-'))) else { continue };
+            let level = match rest.strip_prefix("fast-") {
+                Some(n) if levels.fast > 0 => level_in(n, 1, levels.fast).map(|n| -n),
+                _ => level_in(rest, levels.min, levels.max),
+            };
+            return level.map(|level| Compression { codec: row.codec, level }).ok_or_else(bad);
+        }
+        Err(bad())
     }
 }
 
 impl fmt::Display for Compression {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.codec {
-            Codec::Deflate => write!(f, "gzip-{}", self.level),
-            Codec::Zstd if self.level < 0 => write!(f, "zstd-fast-{}", -self.level),
-            Codec::Zstd => write!(f, "zstd-{}", self.level),
-            other => f.write_str(other.name()),
+        match self.codec.row() {
+            Some(row) if row.levels.is_some() && self.level < 0 => write!(f, "{}-fast-{}", row.name, -self.level),
+            Some(row) if row.levels.is_some() => write!(f, "{}-{}", row.name, self.level),
+            _ => f.write_str(self.codec.name()),
         }
     }
 }

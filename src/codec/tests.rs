@@ -140,3 +140,56 @@ fn unknown_codec_ids_are_rejected() {
     }
     assert_eq!(Codec::from_id(6), Err(CodecError::UnknownCodec(6)));
 }
+
+#[test]
+fn the_table_is_indexed_by_id_and_every_level_of_every_row_parses_and_prints() {
+    for (id, row) in CODECS.iter().enumerate() {
+        assert_eq!(row.codec as usize, id, "{} is not at its on-disk id", row.name);
+        assert_eq!(Compression::parse(row.name).unwrap(), row.default_setting());
+        for alias in row.aliases {
+            assert_eq!(Compression::parse(alias).unwrap(), row.default_setting());
+        }
+        let Some(l) = row.levels else {
+            assert!(Compression::parse(&format!("{}-1", row.name)).is_err());
+            continue;
+        };
+        assert!((l.min..=l.max).contains(&l.default), "{}", row.name);
+        for level in (l.min..=l.max).chain((1..=l.fast).map(|n| -n)) {
+            let setting = Compression { codec: row.codec, level };
+            assert_eq!(Compression::parse(&setting.to_string()).unwrap(), setting);
+        }
+        for bad in [l.min - 1, l.max + 1] {
+            assert!(Compression::parse(&format!("{}-{bad}", row.name)).is_err());
+        }
+        assert!(Compression::parse(&format!("{}-fast-{}", row.name, l.fast + 1)).is_err());
+    }
+}
+
+#[test]
+fn the_list_of_valid_names_comes_from_the_table() {
+    assert_eq!(setting_names(), "off, on, lz4, gzip, gzip-1..9, zstd, zstd-1..19, zstd-fast-1..10, lzjb, zle or auto");
+    let e = Compression::parse("lz5").unwrap_err();
+    assert!(e.contains(&setting_names()), "{e}");
+}
+
+#[test]
+fn auto_is_a_setting_without_a_row_and_never_panics() {
+    assert!(Codec::Auto.row().is_none());
+    assert!(Compression::AUTO.is_auto());
+    assert_eq!(Compression::AUTO.to_string(), "auto");
+    assert_eq!(Compression::parse("auto").unwrap(), Compression::AUTO);
+    assert_eq!(Codec::Auto.compress(b"abc", &mut [0u8; 16], 0), None);
+    assert!(Codec::Auto.decompress(b"abc", &mut [0u8; 3]).is_err());
+    assert!(!Codec::Auto.is_fast());
+}
+
+#[test]
+fn the_docs_list_every_codec_of_the_table() {
+    let format = include_str!("../../docs/FORMAT.md");
+    let readme = include_str!("../../README.md");
+    for row in &CODECS {
+        let id = row.codec as u8;
+        assert!(format.lines().any(|l| l.starts_with(&format!("| {id} | {}", row.name))), "docs/FORMAT.md's codec id table lacks {id} ({})", row.name);
+        assert!(readme.contains(&format!("`{}`", row.name)), "README.md's compression row lacks {}", row.name);
+    }
+}

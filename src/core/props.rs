@@ -7,6 +7,7 @@
 
 use super::error::{check, FsError, FsResult};
 use super::lower::{self, cstr};
+use super::Options;
 use crate::checksum::ChecksumKind;
 use crate::codec::Compression;
 use crate::engine::{MinSavings, Offload};
@@ -19,7 +20,6 @@ use std::os::fd::{FromRawFd, RawFd};
 pub const XATTR_PREFIX: &str = "user.densefs.";
 pub const PROPS_XATTR: &str = "user.densefs.props";
 pub const PROPS_FILE: &str = ".densefs.props";
-pub const SETTABLE: [&str; 5] = ["compression", "recordsize", "min_savings", "checksum", "offload"];
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct LocalProps {
@@ -30,62 +30,131 @@ pub struct LocalProps {
     pub offload: Option<Offload>,
 }
 
+/// One property: how its text is read and written, where a directory keeps it
+/// ([`LocalProps`]) and what it sets in the [`Options`] files are created with.
+///
+/// `set`/`get`/`inherit`, the `user.densefs.NAME` xattrs, the stored `name=value` lines, mount
+/// options, `effective()` (inheritance) and `recompress` all go through these rows; values pass
+/// between them typed, never through their text.
+pub struct Property {
+    pub name: &'static str,
+    /// Parses a value into a directory's local properties.
+    pub parse: fn(&str, &mut LocalProps) -> Result<(), String>,
+    /// Removes the directory's own value (it inherits again).
+    pub clear: fn(&mut LocalProps),
+    /// The directory's own value, as text.
+    pub local: fn(&LocalProps) -> Option<String>,
+    /// The value in effect, as text.
+    pub show: fn(&Options) -> String,
+    /// Copies the directory's own value, if it has one, into `options`; false if it has none.
+    pub apply: fn(&LocalProps, &mut Options) -> bool,
+}
+
+impl Property {
+    /// Parses a value straight into `options` (mount options, recompress).
+    pub fn parse_into(&self, text: &str, options: &mut Options) -> Result<(), String> {
+        let mut local = LocalProps::default();
+        (self.parse)(text, &mut local)?;
+        (self.apply)(&local, options);
+        Ok(())
+    }
+}
+
+/// A row of [`PROPERTIES`]: the property's name, its field in [`LocalProps`] and in
+/// [`Options`], the parser and the printer of its values.
+macro_rules! property {
+    ($name:literal, $local:ident, $option:ident, $parse:expr, $show:expr) => {
+        Property {
+            name: $name,
+            parse: |text, local| {
+                local.$local = Some($parse(text)?);
+                Ok(())
+            },
+            clear: |local| local.$local = None,
+            local: |local| local.$local.as_ref().map($show),
+            show: |options| $show(&options.$option),
+            apply: |local, options| match local.$local {
+                Some(v) => {
+                    options.$option = v;
+                    true
+                }
+                None => false,
+            },
+        }
+    };
+}
+
+/// The property table; rows print in this order (`densefs get`, stored lines).
+///
+/// Adding a property: a field in [`LocalProps`] and in `core::Options` (with its default, the
+/// root's), and a row here with its parser and printer; whatever reads the option uses it. The
+/// CLI, the xattrs, storage, mount options, inheritance and recompress need no change.
+pub const PROPERTIES: [Property; 5] = [
+    property!("compression", compression, compression, Compression::parse, |c: &Compression| c.to_string()),
+    property!("recordsize", recordsize, layout, parse_recordsize, |l: &Layout| format_recordsize(*l)),
+    property!("min_savings", min_savings, min_savings, MinSavings::parse, |m: &MinSavings| m.to_string()),
+    property!("checksum", checksum, checksum, ChecksumKind::parse, |c: &ChecksumKind| c.name().to_string()),
+    property!("offload", offload, offload, Offload::parse, |o: &Offload| o.to_string()),
+];
+
+/// The names of [`PROPERTIES`], in order.
+pub const SETTABLE: [&str; PROPERTIES.len()] = {
+    let mut names = [""; PROPERTIES.len()];
+    let mut i = 0;
+    while i < PROPERTIES.len() {
+        names[i] = PROPERTIES[i].name;
+        i += 1;
+    }
+    names
+};
+
+/// The row of a property, or an error naming the settable ones.
+pub fn property(name: &str) -> Result<&'static Property, String> {
+    PROPERTIES
+        .iter()
+        .find(|p| p.name == name)
+        .ok_or_else(|| format!("unknown property '{name}' (settable: {})", SETTABLE.join(", ")))
+}
+
 pub fn format_recordsize(layout: Layout) -> String {
     let rs = layout.record_size();
     if rs >= 1 << 20 { format!("{}M", rs >> 20) } else { format!("{}K", rs >> 10) }
 }
 
-/// Parses "128K", "1M" or "131072".
-pub fn parse_recordsize(text: &str) -> Result<Layout, String> {
+/// "64K", "16M", "1G" (or `KiB`, `MiB`, `GiB`, lower case `k`, `m`, `g`) or a plain number of
+/// bytes: the one grammar for sizes, in properties and mount options alike.
+pub fn parse_size(text: &str) -> Option<u64> {
     let (digits, unit) = text.split_at(text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len()));
-    let mult: u64 = match unit {
+    let n: u64 = digits.parse().ok()?;
+    let mult = match unit {
         "" => 1,
-        "k" | "K" => 1 << 10,
-        "m" | "M" => 1 << 20,
-        _ => 0,
+        "k" | "K" | "KiB" => 1 << 10,
+        "m" | "M" | "MiB" => 1 << 20,
+        "g" | "G" | "GiB" => 1 << 30,
+        _ => return None,
     };
-    digits
-        .parse::<u64>()
-        .ok()
-        .and_then(|n| n.checked_mul(mult))
+    n.checked_mul(mult)
+}
+
+/// Parses "128K", "1M" or "131072" (any size [`parse_size`] reads).
+pub fn parse_recordsize(text: &str) -> Result<Layout, String> {
+    parse_size(text)
         .and_then(Layout::new)
         .ok_or_else(|| format!("invalid recordsize '{text}' (a power of two from 4K to 1M, e.g. 128K)"))
 }
 
 impl LocalProps {
     pub fn set(&mut self, name: &str, value: &str) -> Result<(), String> {
-        match name {
-            "compression" => self.compression = Some(Compression::parse(value)?),
-            "recordsize" => self.recordsize = Some(parse_recordsize(value)?),
-            "min_savings" => self.min_savings = Some(MinSavings::parse(value)?),
-            "checksum" => self.checksum = Some(ChecksumKind::parse(value)?),
-            "offload" => self.offload = Some(Offload::parse(value)?),
-            _ => return Err(format!("unknown property '{name}' (settable: {})", SETTABLE.join(", "))),
-        }
-        Ok(())
+        (property(name)?.parse)(value, self)
     }
 
     pub fn unset(&mut self, name: &str) -> Result<(), String> {
-        match name {
-            "compression" => self.compression = None,
-            "recordsize" => self.recordsize = None,
-            "min_savings" => self.min_savings = None,
-            "checksum" => self.checksum = None,
-            "offload" => self.offload = None,
-            _ => return Err(format!("unknown property '{name}' (settable: {})", SETTABLE.join(", "))),
-        }
+        (property(name)?.clear)(self);
         Ok(())
     }
 
     pub fn get(&self, name: &str) -> Option<String> {
-        match name {
-            "compression" => self.compression.map(|c| c.to_string()),
-            "recordsize" => self.recordsize.map(format_recordsize),
-            "min_savings" => self.min_savings.map(|m| m.to_string()),
-            "checksum" => self.checksum.map(|c| c.name().to_string()),
-            "offload" => self.offload.map(|o| o.to_string()),
-            _ => None,
-        }
+        property(name).ok().and_then(|p| (p.local)(self))
     }
 
     pub fn is_empty(&self) -> bool {
@@ -103,7 +172,7 @@ impl LocalProps {
     }
 
     pub fn encode(&self) -> String {
-        SETTABLE.iter().filter_map(|n| self.get(n).map(|v| format!("{n}={v}\n"))).collect()
+        PROPERTIES.iter().filter_map(|p| (p.local)(self).map(|v| format!("{}={v}\n", p.name))).collect()
     }
 }
 
@@ -202,6 +271,52 @@ mod tests {
         assert_eq!(p.get("compression"), None);
         assert!(LocalProps::parse("compression").is_err());
         assert_eq!(parse_recordsize("131072").unwrap().record_size(), 131072);
+    }
+
+    #[test]
+    fn every_property_round_trips_through_its_row_without_text_in_between() {
+        let defaults = Options::default();
+        for p in &PROPERTIES {
+            // The default's text is a valid value that sets exactly this field, locally and
+            // in options, and prints back the same.
+            let text = (p.show)(&defaults);
+            let mut local = LocalProps::default();
+            (p.parse)(&text, &mut local).unwrap();
+            assert_eq!((p.local)(&local), Some(text.clone()), "{}", p.name);
+            assert_eq!(LocalProps::parse(&local.encode()).unwrap(), local, "{}", p.name);
+            let mut options = Options { cache_size: 1, ..defaults };
+            assert!((p.apply)(&local, &mut options));
+            assert_eq!(options, Options { cache_size: 1, ..defaults }, "{}", p.name);
+            assert!(!(p.apply)(&LocalProps::default(), &mut options));
+            (p.clear)(&mut local);
+            assert!(local.is_empty(), "{}", p.name);
+            assert!(p.parse_into("no such value", &mut options).is_err(), "{}", p.name);
+        }
+        assert_eq!(SETTABLE, ["compression", "recordsize", "min_savings", "checksum", "offload"]);
+        let e = property("colour").err().unwrap();
+        assert!(e.contains("settable: compression, recordsize, min_savings, checksum, offload"), "{e}");
+    }
+
+    #[test]
+    fn the_readme_documents_every_property_of_the_table() {
+        let readme = include_str!("../../README.md");
+        for p in &PROPERTIES {
+            assert!(readme.contains(&format!("| `{}` |", p.name)), "README.md's option table lacks {}", p.name);
+        }
+    }
+
+    #[test]
+    fn sizes_have_one_grammar() {
+        for (text, bytes) in [("131072", 131072), ("128K", 128 << 10), ("128k", 128 << 10), ("128KiB", 128 << 10), ("1M", 1 << 20), ("1MiB", 1 << 20), ("1m", 1 << 20), ("2G", 2 << 30), ("1GiB", 1 << 30)] {
+            assert_eq!(parse_size(text), Some(bytes), "{text}");
+        }
+        for bad in ["", "K", "12Q", "1.5M", "-1", "99999999999999999999"] {
+            assert_eq!(parse_size(bad), None, "{bad:?}");
+        }
+        let mut p = LocalProps::default();
+        p.set("recordsize", "64KiB").unwrap();
+        assert_eq!(p.get("recordsize").as_deref(), Some("64K"));
+        assert!(p.set("recordsize", "1G").is_err());
     }
 
     #[test]

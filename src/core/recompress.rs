@@ -128,14 +128,10 @@ fn content_size(content: &Content) -> FsResult<u64> {
 
 fn apply_spec(settings: &mut Options, spec: &str) -> FsResult<()> {
     for item in spec.split(',').map(str::trim).filter(|s| !s.is_empty() && !s.starts_with("name=")) {
-        let mut local = super::props::LocalProps::default();
         let (name, value) = item.split_once('=').ok_or_else(|| FsError::new(libc::EINVAL, format!("bad setting '{item}'")))?;
-        local.set(name, value).map_err(|e| FsError::new(libc::EINVAL, e))?;
-        settings.compression = local.compression.unwrap_or(settings.compression);
-        settings.layout = local.recordsize.unwrap_or(settings.layout);
-        settings.min_savings = local.min_savings.unwrap_or(settings.min_savings);
-        settings.offload = local.offload.unwrap_or(settings.offload);
-        settings.checksum = local.checksum.unwrap_or(settings.checksum);
+        super::props::property(name)
+            .and_then(|p| p.parse_into(value, settings))
+            .map_err(|e| FsError::new(libc::EINVAL, e))?;
     }
     Ok(())
 }

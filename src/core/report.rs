@@ -2,7 +2,7 @@
 //! and statistics recomputed from the lower files (so they are right after any crash).
 
 use super::inodes::Node;
-use super::props::{self, format_recordsize, LocalProps, SETTABLE};
+use super::props::{self, format_recordsize, PROPERTIES, SETTABLE};
 use super::{DenseFs, FsError, FsResult, Kind, Options, ROOT};
 use crate::inspect::{inspect, FileStats, Problem};
 use serde_json::{json, Value};
@@ -37,16 +37,9 @@ pub struct Effective {
 }
 
 impl Effective {
-    fn value(&self, name: &str) -> String {
-        let o = &self.options;
-        match name {
-            "compression" => o.compression.to_string(),
-            "recordsize" => format_recordsize(o.layout),
-            "min_savings" => o.min_savings.to_string(),
-            "checksum" => o.checksum.name().to_string(),
-            "offload" => o.offload.to_string(),
-            _ => unreachable!("BUG: not a settable property: {name}"),
-        }
+    /// The value of one property in effect (`None`: no such property).
+    fn value(&self, name: &str) -> Option<String> {
+        props::property(name).ok().map(|p| (p.show)(&self.options))
     }
 }
 
@@ -92,18 +85,15 @@ impl DenseFs {
 
     /// Resolves the properties of directory `dir`, walking up to the root.
     pub fn effective(&self, dir: &Node) -> FsResult<Effective> {
-        let mut found = LocalProps::default();
+        let mut options = self.options;
         let mut sources: [Option<Source>; SETTABLE.len()] = Default::default();
         let mut node = self.inode(dir.nodeid)?;
         let mut depth = 0;
         loop {
             let local = props::read_local(node.raw_fd())?;
-            for (i, name) in SETTABLE.iter().enumerate() {
-                if sources[i].is_none() {
-                    if let Some(v) = local.get(name) {
-                        found.set(name, &v).map_err(|e| FsError::new(libc::EIO, e))?;
-                        sources[i] = Some(if depth == 0 { Source::Local } else { Source::Inherited(self.mount_path(&node)) });
-                    }
+            for (property, source) in PROPERTIES.iter().zip(&mut sources) {
+                if source.is_none() && (property.apply)(&local, &mut options) {
+                    *source = Some(if depth == 0 { Source::Local } else { Source::Inherited(self.mount_path(&node)) });
                 }
             }
             if node.nodeid == ROOT || sources.iter().all(Option::is_some) {
@@ -113,15 +103,6 @@ impl DenseFs {
             node = self.inode(parent)?;
             depth += 1;
         }
-        let base = self.options;
-        let options = Options {
-            compression: found.compression.unwrap_or(base.compression),
-            layout: found.recordsize.unwrap_or(base.layout),
-            min_savings: found.min_savings.unwrap_or(base.min_savings),
-            checksum: found.checksum.unwrap_or(base.checksum),
-            offload: found.offload.unwrap_or(base.offload),
-            ..base
-        };
         Ok(Effective { options, sources: sources.map(|s| s.unwrap_or(Source::Default)) })
     }
 
@@ -155,7 +136,7 @@ impl DenseFs {
         let node = self.inode(nodeid)?;
         let dir = if node.kind == libc::S_IFDIR { node } else { self.inode(self.inodes.parent_of(nodeid).unwrap_or(ROOT))? };
         let eff = self.effective(&dir)?;
-        SETTABLE.iter().position(|n| *n == name).map(|_| eff.value(name)).ok_or_else(|| FsError::errno(libc::ENODATA))
+        eff.value(name).ok_or_else(|| FsError::errno(libc::ENODATA))
     }
 
     fn walk(&self, dir: &Path, rel: &str, verify: bool, datasets: bool, out: &mut Walk) -> FileStats {
@@ -242,10 +223,10 @@ impl DenseFs {
                 } else {
                     self.walk(&lower, &path, verify, datasets, &mut out)
                 };
-                let props: serde_json::Map<String, Value> = SETTABLE
+                let props: serde_json::Map<String, Value> = PROPERTIES
                     .iter()
                     .zip(&eff.sources)
-                    .map(|(n, s)| (n.to_string(), json!({"value": eff.value(n), "source": s.describe()})))
+                    .map(|(p, s)| (p.name.to_string(), json!({"value": (p.show)(&eff.options), "source": s.describe()})))
                     .collect();
                 (stats, props)
             }

@@ -2,7 +2,8 @@
 //!
 //! A device only runs codecs. Everything else — which records it gets, checking what it returns,
 //! falling back to the CPU, recovering it after a failure, counting — is the engine's
-//! (offload.rs), so adding a device is one file implementing [`Device`].
+//! (offload.rs), so adding a device is one file implementing [`Device`] (and a `probe` that finds
+//! it), registered by one row of the device table, `engine::DEVICES` (engine/mod.rs).
 
 use crate::codec::{Codec, Compression};
 use std::sync::Arc;

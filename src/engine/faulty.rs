@@ -2,6 +2,7 @@
 //! settable latency, capacity (saturation) and rates of errors, garbage output, hangs and failed
 //! re-initialisations. It proves the offload policies without a GPU, through a real mount too:
 //! the daemon adds it when `DENSEFS_TEST_ACCELERATOR` holds a spec (see [`FaultSpec::parse`]).
+//! It is a test-only row of the device table: nothing looks for it unless that variable is set.
 
 use super::device::{Device, DeviceError, DeviceJob, DeviceOp};
 use crate::codec::Compression;
@@ -12,7 +13,18 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+/// Test-only: a fault spec here ([`FaultSpec::parse`], may be empty) makes the daemon add this
+/// device (and `offload=faulty` usable). Production detection never looks for it otherwise.
 pub const ENV: &str = "DENSEFS_TEST_ACCELERATOR";
+
+/// The device table's probe (engine/mod.rs `DEVICES`): the device when [`ENV`] selects it,
+/// with its engine settings applied to `config`; a bad spec is an error.
+pub fn probe(config: &mut super::EngineConfig) -> Result<super::Probe, String> {
+    let Ok(text) = std::env::var(ENV) else { return Ok(super::Probe::NotSelected) };
+    let spec = FaultSpec::parse(&text).map_err(|e| format!("{ENV}: {e}"))?;
+    spec.tune(config);
+    Ok(super::Probe::Found(Arc::new(FaultyDevice::new(spec)), None))
+}
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct FaultSpec {
@@ -198,11 +210,12 @@ impl Device for FaultyDevice {
     }
 
     fn supports(&self, op: &DeviceOp, _len: usize) -> bool {
-        use crate::codec::Codec::*;
-        match op {
-            DeviceOp::Compress(c) => matches!(c.codec, Lz4 | Deflate | Zstd),
-            DeviceOp::Decompress { codec, .. } => matches!(codec, Lz4 | Deflate | Zstd),
-        }
+        // Whatever the codec table lets an accelerator run under this device's name.
+        let codec = match op {
+            DeviceOp::Compress(c) => c.codec,
+            DeviceOp::Decompress { codec, .. } => *codec,
+        };
+        codec.row().is_some_and(|row| row.runs_on(self.name()))
     }
 
     fn worth_it(&self, _: Compression) -> bool {

@@ -8,8 +8,9 @@
 //! - [`cpu`]: the worker pool; [`device`]: the interface an accelerator implements;
 //! - [`offload`]: routing to accelerators (size window, saturation, failures, verification,
 //!   recovery); [`stats`]: counters for `densefs get` / `densefs iostat`;
-//! - [`gpu`]: NVIDIA GPUs through nvCOMP; [`faulty`]: a fault-injecting accelerator for tests;
-//!   [`bench`]: `densefs bench engine`.
+//! - [`DEVICES`]: the accelerator table (name, test-only, probe) that detection and `offload=`
+//!   read; [`gpu`]: NVIDIA GPUs through nvCOMP; [`faulty`]: a fault-injecting accelerator for
+//!   tests, selected only by `DENSEFS_TEST_ACCELERATOR`; [`bench`]: `densefs bench engine`.
 //!
 //! Decompression runs on the CPU: format v1 checksums the stored bytes, so what a device decodes
 //! could not be verified, and CPU decoders run at 1-5 GB/s per core.
@@ -54,19 +55,57 @@ pub enum Offload {
     Only(&'static str),
 }
 
-/// Device names `offload=` accepts (`faulty` is the test double, see faulty.rs).
-pub const DEVICE_NAMES: [&str; 2] = ["gpu", "faulty"];
+/// What looking for one device found.
+pub enum Probe {
+    /// There and working, with a line for the log (what it is) if it has one.
+    Found(Arc<dyn Device>, Option<String>),
+    /// Not on this machine, or not working: why, for the log and for `offload=` errors.
+    Absent(String),
+    /// A test device that this process was not asked to use.
+    NotSelected,
+}
+
+/// One accelerator: its name (as its [`Device::name`], shown in statistics, accepted by
+/// `offload=`) and how it is found.
+pub struct DeviceRow {
+    pub name: &'static str,
+    /// A test double: only opened when explicitly selected (its `probe` answers
+    /// [`Probe::NotSelected`] otherwise), never looked for by production detection, and not
+    /// listed in help or error messages.
+    pub test_only: bool,
+    /// Looks for the device (may adjust the engine's settings). `Err`: what selects it is
+    /// wrong, and the mount refuses to start rather than run without it.
+    pub probe: fn(&mut EngineConfig) -> Result<Probe, String>,
+}
+
+/// The accelerator table. Adding a device: its file (or folder) in `engine/` implementing
+/// [`Device`] with a `probe` function, its `mod` line above, and a row here; `offload=`,
+/// detection, statistics and `densefs bench engine` take it from here. Which codecs it may run
+/// is each codec's `devices` list (`codec/mod.rs`).
+pub static DEVICES: [DeviceRow; 2] = [
+    DeviceRow { name: "gpu", test_only: false, probe: gpu::probe },
+    // Selected only by DENSEFS_TEST_ACCELERATOR (test-only; see faulty.rs).
+    DeviceRow { name: "faulty", test_only: true, probe: faulty::probe },
+];
+
+/// The values `offload=` accepts, for messages: `auto, cpu or gpu` (test devices left out).
+pub fn offload_names() -> String {
+    let mut names = vec!["auto", "cpu"];
+    names.extend(DEVICES.iter().filter(|d| !d.test_only).map(|d| d.name));
+    let last = names.pop().expect("BUG: auto and cpu are always there");
+    format!("{} or {last}", names.join(", "))
+}
 
 impl Offload {
     pub fn parse(text: &str) -> Result<Offload, String> {
         match text {
             "auto" => Ok(Offload::Auto),
             "cpu" => Ok(Offload::Cpu),
-            _ => DEVICE_NAMES
+            _ => DEVICES
                 .iter()
-                .find(|n| **n == text)
-                .map(|n| Offload::Only(n))
-                .ok_or_else(|| format!("invalid offload '{text}' (auto, cpu or gpu)")),
+                .find(|d| d.name == text)
+                .map(|d| Offload::Only(d.name))
+                .ok_or_else(|| format!("invalid offload '{text}' ({})", offload_names())),
         }
     }
 }
@@ -115,38 +154,26 @@ impl EngineConfig {
 /// Accelerators found, and notes on those looked for and not found.
 pub type Detected = (Vec<Arc<dyn Device>>, Vec<String>);
 
-/// The accelerators this process can use: the GPU when its driver, nvCOMP and self-test are
-/// there, and the test double when `DENSEFS_TEST_ACCELERATOR` holds a spec (its engine
-/// settings applied to `config`). Also returns notes on what was
-/// looked for and not found, for the log and for `offload=` errors.
+/// The accelerators this process can use: every row of [`DEVICES`] that its probe finds (the
+/// GPU when its driver, nvCOMP and self-test are there), test devices first and only those
+/// explicitly selected. Also returns notes on what was looked for and not found (and on what
+/// was found), for the log and for `offload=` errors.
 pub fn detect_devices(config: &mut EngineConfig) -> Result<Detected, String> {
     let mut devices: Vec<Arc<dyn Device>> = Vec::new();
     let mut notes = Vec::new();
-    match std::env::var(faulty::ENV) {
-        Ok(text) => {
-            let spec = faulty::FaultSpec::parse(&text).map_err(|e| format!("{}: {e}", faulty::ENV))?;
-            spec.tune(config);
-            devices.push(Arc::new(faulty::FaultyDevice::new(spec)));
+    let (tests, production): (Vec<&DeviceRow>, Vec<&DeviceRow>) = DEVICES.iter().partition(|d| d.test_only);
+    for row in tests.into_iter().chain(production) {
+        match (row.probe)(config)? {
+            Probe::Found(device, note) => {
+                debug_assert_eq!(device.name(), row.name, "BUG: a device row and its device disagree on the name");
+                devices.push(device);
+                notes.extend(note);
+            }
+            Probe::Absent(why) => notes.push(why),
+            Probe::NotSelected => {}
         }
-        Err(_) => notes.push("no test accelerator".to_string()),
-    }
-    match gpu::GpuDevice::open(gpu_config_from_env()) {
-        Ok(gpu) => {
-            notes.push(format!("gpu: {}", gpu.describe()));
-            devices.push(Arc::new(gpu));
-        }
-        Err(e) => notes.push(format!("gpu: {e}")),
     }
     Ok((devices, notes))
-}
-
-/// GPU lane settings; `DENSEFS_GPU=N` picks another GPU than the first.
-fn gpu_config_from_env() -> gpu::GpuConfig {
-    let mut config = gpu::GpuConfig::default();
-    if let Some(n) = std::env::var("DENSEFS_GPU").ok().and_then(|v| v.parse().ok()) {
-        config.ordinal = n;
-    }
-    config
 }
 
 /// A record to encode.
@@ -388,7 +415,7 @@ impl Inner {
     fn compress_here(&self, req: &CompressRequest) -> Encoded {
         let start = Instant::now();
         let data = req.data.as_slice();
-        let compression = if req.compression.codec == Codec::Auto {
+        let compression = if req.compression.is_auto() {
             let backlog = self.cpu.waiting() as f32 / self.cpu.threads() as f32;
             let chosen = policy::choose_auto(policy::sample_entropy(data), req.min_savings, policy::AutoTarget::Cpu { backlog_per_worker: backlog });
             self.stats.auto_chose(chosen.codec);

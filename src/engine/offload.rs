@@ -144,7 +144,7 @@ impl Inner {
             return Route::Cpu(None); // nothing to compress
         }
         let entropy = policy::sample_entropy(data);
-        let auto = req.compression.codec == Codec::Auto;
+        let auto = req.compression.is_auto();
         let compression = if auto { policy::choose_auto(entropy, req.min_savings, AutoTarget::Accelerator) } else { req.compression };
         let mut why = Fallback::Unsupported;
         for d in candidates {
@@ -159,7 +159,7 @@ impl Inner {
                 why = Fallback::Unavailable;
                 continue;
             }
-            if self.config.precheck && !policy::entropy_promises_savings(entropy, req.min_savings) && compression.codec != Codec::Lz4 {
+            if self.config.precheck && !policy::entropy_promises_savings(entropy, req.min_savings) && !compression.codec.is_fast() {
                 return Route::Cpu(Some(Fallback::Precheck));
             }
             if auto {

@@ -71,11 +71,6 @@ pub fn sample_entropy(data: &[u8]) -> f32 {
     }).sum()
 }
 
-/// Codecs cheap enough that probing first would cost as much as compressing.
-fn is_fast(codec: Codec) -> bool {
-    matches!(codec, Codec::Off | Codec::Lz4 | Codec::Lzjb | Codec::Zle)
-}
-
 /// Whether a sample's byte statistics alone already promise `min_savings` (an order-0 entropy
 /// coder would save it). Above this, only repeated strings can help, which an lz4 probe sees.
 pub fn entropy_promises_savings(entropy: f32, min_savings: MinSavings) -> bool {
@@ -147,7 +142,7 @@ pub fn encode_record(data: &[u8], compression: Compression, min_savings: MinSavi
     if compression.codec == Codec::Off {
         return keep_or_raw(data, compression, None, min_savings, checksum);
     }
-    if precheck && !is_fast(compression.codec) && probably_incompressible(data, sample_entropy(data), min_savings) {
+    if precheck && !compression.codec.is_fast() && probably_incompressible(data, sample_entropy(data), min_savings) {
         let (encoded, _) = keep_or_raw(data, Compression::OFF, None, min_savings, checksum);
         return (encoded, Outcome::RawPrecheck);
     }

@@ -283,3 +283,19 @@ fn offload_parses_and_prints() {
     }
     assert!(Offload::parse("tpu").is_err());
 }
+
+#[test]
+fn the_device_table_names_each_device_once_and_offload_takes_its_names() {
+    for (i, row) in DEVICES.iter().enumerate() {
+        assert!(DEVICES[..i].iter().all(|d| d.name != row.name), "{} twice", row.name);
+        assert!(!["auto", "cpu"].contains(&row.name));
+        assert_eq!(Offload::parse(row.name).unwrap(), Offload::Only(row.name));
+    }
+    // Test devices are accepted (a test mount names them) but not offered in messages.
+    assert_eq!(offload_names(), "auto, cpu or gpu");
+    let e = Offload::parse("tpu").unwrap_err();
+    assert_eq!(e, "invalid offload 'tpu' (auto, cpu or gpu)");
+    let faulty = DEVICES.iter().find(|d| d.name == "faulty").unwrap();
+    assert!(faulty.test_only);
+    assert_eq!(FaultyDevice::new(FaultSpec::default()).name(), faulty.name);
+}

@@ -84,7 +84,7 @@ impl Key {
             DeviceOp::Compress(_) => len,
             DeviceOp::Decompress { logical_len, .. } => logical_len,
         };
-        (matches!(codec, Codec::Lz4 | Codec::Deflate | Codec::Zstd) && logical <= limit && len > 0).then_some(Key { compress, codec, algorithm })
+        (codec.row().is_some_and(|r| r.runs_on("gpu")) && logical <= limit && len > 0).then_some(Key { compress, codec, algorithm })
     }
 
     fn format(self, nv: &Nvcomp) -> &Format {
@@ -117,6 +117,22 @@ pub struct GpuDevice {
     shared: Arc<Shared>,
     queue: Option<Sender<Queued>>,
     lanes: Vec<JoinHandle<()>>,
+}
+
+/// The device table's probe (engine/mod.rs `DEVICES`): the GPU if it opens and passes its
+/// self-test; `DENSEFS_GPU=N` picks another GPU than the first.
+pub fn probe(_: &mut super::EngineConfig) -> Result<super::Probe, String> {
+    let mut config = GpuConfig::default();
+    if let Some(n) = std::env::var("DENSEFS_GPU").ok().and_then(|v| v.parse().ok()) {
+        config.ordinal = n;
+    }
+    Ok(match GpuDevice::open(config) {
+        Ok(gpu) => {
+            let note = format!("gpu: {}", gpu.describe());
+            super::Probe::Found(Arc::new(gpu), Some(note))
+        }
+        Err(e) => super::Probe::Absent(format!("gpu: {e}")),
+    })
 }
 
 impl GpuDevice {
