@@ -132,11 +132,8 @@ pub fn inspect(file: &File, verify: bool) -> io::Result<FileStats> {
         if verify && !d.is_hole() {
             if let Err(e) = store.decode_copy(record, slot, &d)? {
                 let older_ok = copies.get(1).is_some_and(|(s2, d2)| store.decode_copy(record, *s2, d2).is_ok_and(|r| r.is_ok()));
-                let what = if older_ok {
-                    format!("slot {slot}: {e}; the previous copy is served instead")
-                } else {
-                    format!("slot {slot}: {e}")
-                };
+                let what =
+                    if older_ok { format!("slot {slot}: {e}; the previous copy is served instead") } else { format!("slot {slot}: {e}") };
                 stats.problems.push(Problem { record: Some(record), what });
             }
         }

@@ -17,4 +17,3 @@ pub mod engine;
 pub mod format;
 pub mod fuse;
 pub mod inspect;
-

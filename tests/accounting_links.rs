@@ -25,7 +25,11 @@ fn ratio(path: &Path) -> String {
 
 /// The daemon's JSON report on a mount path.
 fn report(path: &Path) -> serde_json::Value {
-    let out = Command::new("getfattr").args(["--only-values", "-n", "user.densefs.report"]).arg(path).output().expect("getfattr (apt-get install attr)");
+    let out = Command::new("getfattr")
+        .args(["--only-values", "-n", "user.densefs.report"])
+        .arg(path)
+        .output()
+        .expect("getfattr (apt-get install attr)");
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     serde_json::from_slice(&out.stdout).unwrap()
 }

@@ -64,7 +64,8 @@ fn output_into_a_closed_pipe_ends_quietly_and_the_daemon_lives_on() {
     std::fs::write(m.path("after"), b"still here").unwrap();
     assert_eq!(std::fs::read(m.path("after")).unwrap(), b"still here");
     // `| head -1` for real.
-    let out = Command::new("bash").arg("-c").arg(format!("'{BIN}' list -r '{mnt}' | head -1; echo \"${{PIPESTATUS[*]}}\"")).output().unwrap();
+    let out =
+        Command::new("bash").arg("-c").arg(format!("'{BIN}' list -r '{mnt}' | head -1; echo \"${{PIPESTATUS[*]}}\"")).output().unwrap();
     let shown = text(&out.stdout);
     assert!(shown.starts_with("NAME"), "{shown}");
     assert!(!text(&out.stderr).contains("panicked"), "{}", text(&out.stderr));

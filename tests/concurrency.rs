@@ -115,9 +115,10 @@ fn run(options: &str, seed: u64) {
 
 #[test]
 fn concurrent_partial_writes_to_shared_records_lose_nothing() {
-    let seed = std::env::var("DENSEFS_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64
-    });
+    let seed = std::env::var("DENSEFS_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64);
     eprintln!("concurrency seed {seed}");
     run("compression=lz4,recordsize=16K", seed);
     run("compression=zstd-1,recordsize=128K", seed + 1);

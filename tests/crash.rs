@@ -61,7 +61,11 @@ struct Journal {
 }
 
 fn other_name(file: u32, name: &str) -> String {
-    if name.ends_with(".moved") { format!("f{file}") } else { format!("f{file}.moved") }
+    if name.ends_with(".moved") {
+        format!("f{file}")
+    } else {
+        format!("f{file}.moved")
+    }
 }
 
 fn writer(mnt: std::path::PathBuf, seed: u64, journal: Arc<Mutex<Journal>>, stop: Arc<AtomicBool>) {
@@ -197,7 +201,11 @@ fn check_after_crash(m: &Mount, journal: &Journal, round: usize, power_cut: bool
             let word = |i: usize| u32::from_le_bytes(buf[i * 4..i * 4 + 4].try_into().unwrap());
             assert_eq!((word(0), word(1), word(2)), (MAGIC, file, record), "round {round}: f{file} record {record} is garbage");
             let version = word(3);
-            assert_eq!(buf[..], version_bytes(file, record, version)[..buf.len()], "round {round}: f{file} record {record} v{version} torn");
+            assert_eq!(
+                buf[..],
+                version_bytes(file, record, version)[..buf.len()],
+                "round {round}: f{file} record {record} v{version} torn"
+            );
             let written = journal.written.get(&(file, record)).copied().unwrap_or(0);
             assert!(version <= written, "round {round}: f{file} record {record} v{version} was never written");
             if let Some(s) = synced {
@@ -205,7 +213,20 @@ fn check_after_crash(m: &Mount, journal: &Journal, round: usize, power_cut: bool
                     let lower = m.lower.join(journal.names.get(&file).cloned().unwrap_or(format!("f{file}")));
                     let raw = std::fs::read(&lower).unwrap_or_default();
                     let at = 2048 + record as usize * 64;
-                    let desc = |o: usize| raw.get(o..o + 32).map(|d| format!("gen {} stored {} logical {} codec {} sum {:x}", u32::from_le_bytes(d[0..4].try_into().unwrap()), u32::from_le_bytes(d[4..8].try_into().unwrap()), u32::from_le_bytes(d[8..12].try_into().unwrap()), d[12], u64::from_le_bytes(d[16..24].try_into().unwrap()))).unwrap_or_default();
+                    let desc = |o: usize| {
+                        raw.get(o..o + 32)
+                            .map(|d| {
+                                format!(
+                                    "gen {} stored {} logical {} codec {} sum {:x}",
+                                    u32::from_le_bytes(d[0..4].try_into().unwrap()),
+                                    u32::from_le_bytes(d[4..8].try_into().unwrap()),
+                                    u32::from_le_bytes(d[8..12].try_into().unwrap()),
+                                    d[12],
+                                    u64::from_le_bytes(d[16..24].try_into().unwrap())
+                                )
+                            })
+                            .unwrap_or_default()
+                    };
                     panic!(
                         "round {round}: f{file} record {record} went back to v{version} after fsync of v{s}\n slot0: {}\n slot1: {}\n last cut: {:?}\n{}",
                         desc(at),
@@ -225,9 +246,10 @@ fn check_after_crash(m: &Mount, journal: &Journal, round: usize, power_cut: bool
 #[test]
 fn sigkill_during_writes_never_loses_fsynced_data_or_returns_garbage() {
     let rounds: usize = std::env::var("DENSEFS_CRASH_ROUNDS").ok().and_then(|s| s.parse().ok()).unwrap_or(30);
-    let seed: u64 = std::env::var("DENSEFS_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64
-    });
+    let seed: u64 = std::env::var("DENSEFS_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64);
     eprintln!("crash test seed {seed} (replay with DENSEFS_SEED={seed})");
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let d = Dirs::new();
@@ -294,7 +316,13 @@ fn data_left_in_an_open_file_reaches_the_lower_within_seconds() {
 fn powercut_shim(dir: &std::path::Path) -> std::path::PathBuf {
     let out = dir.join("libpowercut.so");
     let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fault/libpowercut.c");
-    let ok = std::process::Command::new("cc").args(["-shared", "-fPIC", "-O2", "-o"]).arg(&out).arg(&src).args(["-ldl", "-lpthread"]).status().expect("cc");
+    let ok = std::process::Command::new("cc")
+        .args(["-shared", "-fPIC", "-O2", "-o"])
+        .arg(&out)
+        .arg(&src)
+        .args(["-ldl", "-lpthread"])
+        .status()
+        .expect("cc");
     assert!(ok.success(), "cannot build the power-cut shim");
     out
 }
@@ -369,9 +397,10 @@ fn power_cut(lower: &std::path::Path, logs: &std::path::Path, rng: &mut rand::rn
 #[test]
 fn a_power_cut_never_loses_fsynced_data_or_returns_garbage() {
     let rounds: usize = std::env::var("DENSEFS_POWERCUT_ROUNDS").ok().and_then(|s| s.parse().ok()).unwrap_or(15);
-    let seed: u64 = std::env::var("DENSEFS_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64
-    });
+    let seed: u64 = std::env::var("DENSEFS_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64);
     eprintln!("power-cut test seed {seed} (replay with DENSEFS_SEED={seed})");
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let d = Dirs::new();

@@ -140,36 +140,109 @@ enum Op {
     /// Closes whatever the slot holds, then open(2)s `PATHS[path]` into it.
     /// `direct`: O_DIRECT on the mount side only (ext4 would want aligned buffers), so reads
     /// and writes reach the daemon exactly as issued, not through the page cache.
-    Open { slot: usize, path: &'static str, acc: Acc, create: bool, excl: bool, trunc: bool, append: bool, direct: bool },
-    Close { slot: usize },
-    Pwrite { slot: usize, off: Off, len: usize, fill: Fill },
+    Open {
+        slot: usize,
+        path: &'static str,
+        acc: Acc,
+        create: bool,
+        excl: bool,
+        trunc: bool,
+        append: bool,
+        direct: bool,
+    },
+    Close {
+        slot: usize,
+    },
+    Pwrite {
+        slot: usize,
+        off: Off,
+        len: usize,
+        fill: Fill,
+    },
     /// write(2) at the file position (at the end of file for O_APPEND).
-    Write { slot: usize, len: usize, fill: Fill },
-    Pread { slot: usize, off: Off, len: usize },
+    Write {
+        slot: usize,
+        len: usize,
+        fill: Fill,
+    },
+    Pread {
+        slot: usize,
+        off: Off,
+        len: usize,
+    },
     /// read(2) at the file position.
-    Read { slot: usize, len: usize },
-    Lseek { slot: usize, pos: i64, whence: i32 },
-    Ftruncate { slot: usize, size: Off },
+    Read {
+        slot: usize,
+        len: usize,
+    },
+    Lseek {
+        slot: usize,
+        pos: i64,
+        whence: i32,
+    },
+    Ftruncate {
+        slot: usize,
+        size: Off,
+    },
     /// truncate(2) by path (the file may or may not be open).
-    Truncate { path: &'static str, size: Off },
-    Fallocate { slot: usize, mode: i32, off: Off, len: u64 },
+    Truncate {
+        path: &'static str,
+        size: Off,
+    },
+    Fallocate {
+        slot: usize,
+        mode: i32,
+        off: Off,
+        len: u64,
+    },
     /// MAP_SHARED read/write mapping of the whole file, bytes copied in, msync, munmap.
-    MmapWrite { slot: usize, off: Off, len: usize, fill: Fill },
-    MmapRead { slot: usize, off: Off, len: usize },
-    Fsync { slot: usize, data_only: bool },
-    Rename { from: &'static str, to: &'static str },
-    Link { from: &'static str, to: &'static str },
-    Unlink { path: &'static str },
-    Mkdir { dir: &'static str },
-    Rmdir { dir: &'static str },
+    MmapWrite {
+        slot: usize,
+        off: Off,
+        len: usize,
+        fill: Fill,
+    },
+    MmapRead {
+        slot: usize,
+        off: Off,
+        len: usize,
+    },
+    Fsync {
+        slot: usize,
+        data_only: bool,
+    },
+    Rename {
+        from: &'static str,
+        to: &'static str,
+    },
+    Link {
+        from: &'static str,
+        to: &'static str,
+    },
+    Unlink {
+        path: &'static str,
+    },
+    Mkdir {
+        dir: &'static str,
+    },
+    Rmdir {
+        dir: &'static str,
+    },
     /// SEEK_DATA/SEEK_HOLE: ENXIO at and past the end on both sides; on the mount every byte in
     /// a reported hole must read as zero.
-    SeekHoles { slot: usize },
+    SeekHoles {
+        slot: usize,
+    },
     /// Several threads, each with its own descriptors, write disjoint pieces of one region of
     /// the file (pieces of different threads share records), reading back their own pieces and
     /// now and then closing and reopening or fdatasync-ing meanwhile. The reference applies the
     /// same pieces one after another; the final contents do not depend on the order.
-    Parallel { path: &'static str, base: Off, len: usize, seed: u64 },
+    Parallel {
+        path: &'static str,
+        base: Off,
+        len: usize,
+        seed: u64,
+    },
     /// Compares the whole trees (and every open file, linked or not).
     Check,
     /// Closes everything, unmounts, mounts again, compares the trees.
@@ -215,7 +288,11 @@ fn gen_size(rng: &mut StdRng, rs: u64) -> Off {
 /// third descriptor group (GROUP_RECORDS records each), which files under MAX_OFF reach only
 /// with small records.
 fn boundary(rng: &mut StdRng, rs: u64) -> u64 {
-    let k = if rng.gen_ratio(1, 25) { GROUP_RECORDS * rng.gen_range(1..=2) + rng.gen_range(0..=2) - 1 } else { rng.gen_range(0..=MAX_OFF / rs) };
+    let k = if rng.gen_ratio(1, 25) {
+        GROUP_RECORDS * rng.gen_range(1..=2) + rng.gen_range(0..=2) - 1
+    } else {
+        rng.gen_range(0..=MAX_OFF / rs)
+    };
     let delta = if rng.gen_bool(0.4) { 0 } else { rng.gen_range(-64..=64) };
     (k * rs).saturating_add_signed(delta)
 }
@@ -408,7 +485,13 @@ impl Side {
                         Acc::RW => libc::O_RDWR,
                     };
                 let direct = direct && self.is_mount;
-                for (on, bit) in [(create, libc::O_CREAT), (excl, libc::O_EXCL), (trunc, libc::O_TRUNC), (append, libc::O_APPEND), (direct, libc::O_DIRECT)] {
+                for (on, bit) in [
+                    (create, libc::O_CREAT),
+                    (excl, libc::O_EXCL),
+                    (trunc, libc::O_TRUNC),
+                    (append, libc::O_APPEND),
+                    (direct, libc::O_DIRECT),
+                ] {
                     if on {
                         flags |= bit;
                     }
@@ -507,7 +590,9 @@ impl Side {
                 let size = self.size_of_slot(slot) as i64;
                 let pos = unsafe { libc::lseek(fd, 0, libc::SEEK_CUR) };
                 let mut results = Vec::new();
-                for (at, whence, name) in [(size, libc::SEEK_DATA, "SEEK_DATA"), (size, libc::SEEK_HOLE, "SEEK_HOLE"), (size + 1, libc::SEEK_DATA, "SEEK_DATA")] {
+                for (at, whence, name) in
+                    [(size, libc::SEEK_DATA, "SEEK_DATA"), (size, libc::SEEK_HOLE, "SEEK_HOLE"), (size + 1, libc::SEEK_DATA, "SEEK_DATA")]
+                {
                     let r = unsafe { libc::lseek(fd, at, whence) };
                     let got = if r < 0 { errno_name(errno_of(&std::io::Error::last_os_error())) } else { r.to_string() };
                     results.push(format!("{name} {at}: {got}"));
@@ -521,7 +606,8 @@ impl Side {
                     parallel_writers(&self.path(path), &plan, seed)
                 } else {
                     let p = cpath(&self.path(path));
-                    let fd = check(unsafe { libc::open(p.as_ptr(), libc::O_RDWR | libc::O_CREAT | libc::O_CLOEXEC, 0o644 as libc::c_uint) })?;
+                    let fd =
+                        check(unsafe { libc::open(p.as_ptr(), libc::O_RDWR | libc::O_CREAT | libc::O_CLOEXEC, 0o644 as libc::c_uint) })?;
                     let f = unsafe { File::from_raw_fd(fd) };
                     for (off, data) in plan.iter().flatten() {
                         f.write_all_at(data, *off).map_err(|e| errno_of(&e))?;
@@ -790,7 +876,8 @@ fn walk(root: &Path, rel: &Path, out: &mut BTreeMap<PathBuf, (Node, Option<Vec<u
         move |e| format!("{}: {e}", p.display())
     }
     let dir = root.join(rel);
-    let mut names: Vec<_> = std::fs::read_dir(&dir).and_then(|d| d.map(|e| e.map(|e| e.file_name())).collect::<Result<Vec<_>, _>>()).map_err(at(&dir))?;
+    let mut names: Vec<_> =
+        std::fs::read_dir(&dir).and_then(|d| d.map(|e| e.map(|e| e.file_name())).collect::<Result<Vec<_>, _>>()).map_err(at(&dir))?;
     names.sort();
     for name in names {
         let r = rel.join(&name);
@@ -850,7 +937,13 @@ fn compare_trees(mount: &Side, reference: &Side) -> Result<(), String> {
                 (Ok(m), Ok(r)) => (m, r),
                 // A directory (open(O_RDONLY) of "a") reads as EISDIR on both sides.
                 (Err(m), Err(r)) if errno_of(&m) == errno_of(&r) => continue,
-                (m, r) => return Err(format!("slot {slot}: reading the open file: mount {:?}, reference {:?}", m.map(|d| d.len()), r.map(|d| d.len()))),
+                (m, r) => {
+                    return Err(format!(
+                        "slot {slot}: reading the open file: mount {:?}, reference {:?}",
+                        m.map(|d| d.len()),
+                        r.map(|d| d.len())
+                    ))
+                }
             };
             if let Some(at) = first_diff(&md, &rd) {
                 return Err(format!(
@@ -1032,7 +1125,10 @@ fn resolve(index: usize, op: &Op, reference: &Side) -> Op {
             }
             // A directory (open(O_RDONLY) of "a"): read(2) and fsync(2) are compared, anything
             // else (lseek, SEEK_DATA, mmap) behaves per file system; the slot is closed instead.
-            Some(f) if f.metadata().is_ok_and(|m| m.is_dir()) && !matches!(op, Op::Read { .. } | Op::Pread { .. } | Op::Fsync { .. } | Op::Close { .. }) => {
+            Some(f)
+                if f.metadata().is_ok_and(|m| m.is_dir())
+                    && !matches!(op, Op::Read { .. } | Op::Pread { .. } | Op::Fsync { .. } | Op::Close { .. }) =>
+            {
                 return Op::Close { slot };
             }
             _ => {}
@@ -1127,19 +1223,17 @@ fn run_ops(cfg: Config, ops: &[(usize, Op)], trace: bool) -> Result<(), Failure>
                 let rc = reference.close_all();
                 match mc.iter().zip(&rc).enumerate().find_map(|(s, (m, r))| diff_results(m, r).map(|d| format!("close slot {s}: {d}"))) {
                     Some(d) => Err(d),
-                    None => {
-                        match unmount_retrying(mount.take().unwrap()) {
-                            Err(e) => Err(format!("unmount failed: {e}")),
-                            Ok(()) => match mount_caught(&dirs.lower, &dirs.mnt, &cfg) {
-                                Err(e) => Err(format!("remount failed: {e}")),
-                                Ok(m) => {
-                                    watch.lock().unwrap().daemon = daemon_pid(&m);
-                                    mount = Some(m);
-                                    compare_trees(&mnt, &reference).map_err(|e| format!("after remount: {e}"))
-                                }
-                            },
-                        }
-                    }
+                    None => match unmount_retrying(mount.take().unwrap()) {
+                        Err(e) => Err(format!("unmount failed: {e}")),
+                        Ok(()) => match mount_caught(&dirs.lower, &dirs.mnt, &cfg) {
+                            Err(e) => Err(format!("remount failed: {e}")),
+                            Ok(m) => {
+                                watch.lock().unwrap().daemon = daemon_pid(&m);
+                                mount = Some(m);
+                                compare_trees(&mnt, &reference).map_err(|e| format!("after remount: {e}"))
+                            }
+                        },
+                    },
                 }
             }
             _ => {
@@ -1270,7 +1364,8 @@ fn run(cfg: Config) {
     let all = gen_ops(seed, n, cfg.record_size);
     let mut ops: Vec<(usize, Op)> = all.iter().copied().enumerate().collect();
     if let Ok(keep) = std::env::var("DENSEFS_KEEP") {
-        let keep: Vec<usize> = keep.split(',').filter(|s| !s.trim().is_empty()).map(|s| s.trim().parse().expect("DENSEFS_KEEP: indices")).collect();
+        let keep: Vec<usize> =
+            keep.split(',').filter(|s| !s.trim().is_empty()).map(|s| s.trim().parse().expect("DENSEFS_KEEP: indices")).collect();
         ops.retain(|(i, _)| keep.contains(i));
     }
     eprintln!(
@@ -1302,7 +1397,11 @@ fn run(cfg: Config) {
         let (min, f) = minimize(cfg, ops, budget);
         report += &format!("\nminimised to {} operations, failing at {}:\n  {}\n", min.len(), f.op, f.msg);
         let keep: Vec<String> = min.iter().map(|(i, _)| i.to_string()).collect();
-        report += &format!("replay: DENSEFS_SEED={seed} DENSEFS_OPS={n} DENSEFS_KEEP={} DENSEFS_TRACE=1 cargo test --test differential {}\n", keep.join(","), cfg.name);
+        report += &format!(
+            "replay: DENSEFS_SEED={seed} DENSEFS_OPS={n} DENSEFS_KEEP={} DENSEFS_TRACE=1 cargo test --test differential {}\n",
+            keep.join(","),
+            cfg.name
+        );
         report += "as they ran (offsets resolved; an operation on an empty slot opens it):\n";
         for r in f.recent.iter().chain(std::iter::once(&f.op)) {
             report += &format!("    {r}\n");
@@ -1346,7 +1445,12 @@ fn zle_4k() {
 
 #[test]
 fn zstdfast_1m_xxh3() {
-    run(Config { name: "zstdfast_1m_xxh3", options: "compression=zstd-fast-3,recordsize=1M,checksum=xxh3", record_size: 1 << 20, accelerator: None });
+    run(Config {
+        name: "zstdfast_1m_xxh3",
+        options: "compression=zstd-fast-3,recordsize=1M,checksum=xxh3",
+        record_size: 1 << 20,
+        accelerator: None,
+    });
 }
 
 /// compression=auto, offloaded to an accelerator that fails now and then (errors, garbage,

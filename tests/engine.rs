@@ -161,13 +161,7 @@ fn iostat_get_and_auto_show_what_the_engine_does() {
 #[test]
 fn offload_to_a_missing_device_is_a_clear_mount_error() {
     let d = Dirs::new();
-    let out = Command::new(BIN)
-        .args(["mount", "-f", "-o", "offload=gpu"])
-        .arg(&d.lower)
-        .arg(&d.mnt)
-        .env_remove(FAULTY)
-        .output()
-        .unwrap();
+    let out = Command::new(BIN).args(["mount", "-f", "-o", "offload=gpu"]).arg(&d.lower).arg(&d.mnt).env_remove(FAULTY).output().unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("offload=gpu: no gpu backend available"), "{err}");

@@ -44,9 +44,8 @@ fn open_by_handle(mount: &Path, h: &Handle, flags: i32) -> std::io::Result<Owned
     let mnt = File::open(mount).unwrap();
     let mut raw = RawHandle { bytes: h.bytes.len() as u32, kind: h.kind, data: [0; 128] };
     raw.data[..h.bytes.len()].copy_from_slice(&h.bytes);
-    let fd = unsafe {
-        libc::open_by_handle_at(mnt.as_raw_fd(), &mut raw as *mut RawHandle as *mut libc::file_handle, flags | libc::O_CLOEXEC)
-    };
+    let fd =
+        unsafe { libc::open_by_handle_at(mnt.as_raw_fd(), &mut raw as *mut RawHandle as *mut libc::file_handle, flags | libc::O_CLOEXEC) };
     if fd < 0 {
         return Err(std::io::Error::last_os_error());
     }
@@ -110,8 +109,10 @@ fn check_handles(mnt: &Path, t: &Tree, big: &[u8], when: &str) {
     // A directory comes back connected to the tree (the kernel walked ".." up to the root).
     let path = std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd())).unwrap();
     assert_eq!(path, mnt.join("a/b"), "{when}: dir path");
-    let mut names: Vec<String> =
-        std::fs::read_dir(format!("/proc/self/fd/{}", fd.as_raw_fd())).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+    let mut names: Vec<String> = std::fs::read_dir(format!("/proc/self/fd/{}", fd.as_raw_fd()))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
     names.sort();
     assert_eq!(names, ["big.fastq", "file.txt"], "{when}: dir listing");
 
@@ -225,7 +226,8 @@ fn dot_and_dotdot_lookups_of_the_root_and_unknown_nodes() {
 
 /// Whether the NFS server and client tools are here, installing them (Debian) if not.
 fn nfs_tools() -> Result<(), String> {
-    let vfs_fsal = || std::fs::read_dir("/usr/lib").into_iter().flatten().flatten().any(|d| d.path().join("ganesha/libfsalvfs.so").exists());
+    let vfs_fsal =
+        || std::fs::read_dir("/usr/lib").into_iter().flatten().flatten().any(|d| d.path().join("ganesha/libfsalvfs.so").exists());
     let have = || ["ganesha.nfsd", "nfs-cp", "nfs-cat", "rpcbind"].iter().all(|t| which(t)) && vfs_fsal();
     if have() {
         return Ok(());
@@ -235,7 +237,11 @@ fn nfs_tools() -> Result<(), String> {
         .args(["-c", "export DEBIAN_FRONTEND=noninteractive; (apt-get install -y -qq nfs-ganesha nfs-ganesha-vfs libnfs-utils rpcbind || (apt-get update -qq && apt-get install -y -qq nfs-ganesha nfs-ganesha-vfs libnfs-utils rpcbind)) >/dev/null 2>&1"])
         .status()
         .is_ok_and(|s| s.success());
-    if ok && have() { Ok(()) } else { Err("nfs-ganesha, nfs-ganesha-vfs, libnfs-utils or rpcbind cannot be installed".into()) }
+    if ok && have() {
+        Ok(())
+    } else {
+        Err("nfs-ganesha, nfs-ganesha-vfs, libnfs-utils or rpcbind cannot be installed".into())
+    }
 }
 
 fn which(tool: &str) -> bool {
@@ -410,7 +416,14 @@ LOG {{ Default_Log_Level = EVENT; }}
         "after a densefs restart under a running ganesha: nfs-cat {}",
         if read.status.success() && sha256(&read.stdout) == sha256(&one) { "returns the right data" } else { "fails" }
     );
-    let created = Command::new("timeout").arg("30").arg("nfs-cp").arg(work.join("two.bin")).arg(url("two.bin")).stderr(Stdio::null()).status().unwrap();
+    let created = Command::new("timeout")
+        .arg("30")
+        .arg("nfs-cp")
+        .arg(work.join("two.bin"))
+        .arg(url("two.bin"))
+        .stderr(Stdio::null())
+        .status()
+        .unwrap();
     println!("after a densefs restart under a running ganesha: nfs-cp (CREATE) {}", if created.success() { "works" } else { "fails" });
 
     // ganesha restarted (an NFS server restart): it opens the export again and reaches files

@@ -40,7 +40,8 @@ fn sixteen_writers_and_readers_keep_data_exact_and_memory_bounded() {
     for dir in 0..4 {
         fs::create_dir(m.path(&format!("d{dir}"))).unwrap();
     }
-    let files: Arc<Vec<Mutex<File>>> = Arc::new((0..FILES).map(|i| Mutex::new(File { path: format!("d{}/f{i}", i % 4), model: Vec::new() })).collect());
+    let files: Arc<Vec<Mutex<File>>> =
+        Arc::new((0..FILES).map(|i| Mutex::new(File { path: format!("d{}/f{i}", i % 4), model: Vec::new() })).collect());
     let mnt: PathBuf = m.mnt.clone();
     let stop = Arc::new(AtomicBool::new(false));
     let ops = Arc::new(AtomicU64::new(0));

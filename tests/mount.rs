@@ -5,8 +5,8 @@ mod common;
 use common::{compressible, random_bytes, Dirs, Mount, BIN};
 use std::fs::{self, File, OpenOptions};
 use std::io::{Read, Seek, SeekFrom, Write};
-use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
 use std::os::fd::AsRawFd;
+use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
 use std::process::Command;
 
 fn lower_blocks(path: &std::path::Path) -> u64 {
@@ -209,9 +209,7 @@ fn permissions_are_enforced_for_other_users() {
     fs::set_permissions(m.path("secret"), fs::Permissions::from_mode(0o600)).unwrap();
     fs::write(m.path("public"), b"everyone").unwrap();
     fs::set_permissions(m.path("public"), fs::Permissions::from_mode(0o644)).unwrap();
-    let as_nobody = |file: &str| {
-        Command::new("runuser").args(["-u", "nobody", "--", "cat"]).arg(m.path(file)).output().expect("runuser")
-    };
+    let as_nobody = |file: &str| Command::new("runuser").args(["-u", "nobody", "--", "cat"]).arg(m.path(file)).output().expect("runuser");
     let denied = as_nobody("secret");
     assert!(!denied.status.success());
     assert!(String::from_utf8_lossy(&denied.stderr).contains("Permission denied"));

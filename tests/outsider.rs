@@ -51,7 +51,10 @@ fn build_tree(src: &Path) {
 }
 
 fn rsync_would_change(src: &Path, dst: &Path) -> String {
-    run(Command::new("rsync").args(["-aHAXn", "--itemize-changes", "--delete"]).arg(format!("{}/", src.display())).arg(format!("{}/", dst.display())))
+    run(Command::new("rsync")
+        .args(["-aHAXn", "--itemize-changes", "--delete"])
+        .arg(format!("{}/", src.display()))
+        .arg(format!("{}/", dst.display())))
 }
 
 #[test]
@@ -71,14 +74,16 @@ fn rsync_finds_nothing_to_copy_after_reading_everything_and_remounting() {
     // git refreshes a copied repository's index once (inode numbers and ctimes are new on any
     // copy); after that, its stat data must hold across remounts: no rewrite, nothing modified.
     assert_eq!(sh(&format!("cd {mnt}/repo && git status --porcelain && git log --oneline | wc -l")).trim(), "2");
-    let index = |root: &std::path::Path| sh(&format!("stat -c %Y.%y {0}/repo/.git/index && sha256sum < {0}/repo/.git/index", root.display()));
+    let index =
+        |root: &std::path::Path| sh(&format!("stat -c %Y.%y {0}/repo/.git/index && sha256sum < {0}/repo/.git/index", root.display()));
     let refreshed = index(&d.mnt);
     sh(&format!("cd {mnt}/repo && git status --porcelain"));
     assert_eq!(index(&d.mnt), refreshed, "git rewrote its index twice");
     m.unmount();
 
     let m = Mount::new(&d.lower, &d.mnt, "");
-    let except_index = |out: String| out.lines().filter(|l| !l.ends_with("repo/.git/") && !l.ends_with("repo/.git/index")).collect::<Vec<_>>().join("\n");
+    let except_index =
+        |out: String| out.lines().filter(|l| !l.ends_with("repo/.git/") && !l.ends_with("repo/.git/index")).collect::<Vec<_>>().join("\n");
     assert_eq!(except_index(rsync_would_change(&src, &d.mnt)), "", "after a remount");
     assert_eq!(sh(&format!("cd {mnt}/repo && git status --porcelain && git diff --stat")), "", "git sees changes after a remount");
     assert_eq!(index(&d.mnt), refreshed, "git had to refresh its index after a remount");

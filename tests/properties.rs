@@ -112,7 +112,8 @@ fn accounting_matches_the_lower_files_and_survives_a_crash() {
     drop(sparse);
     // Let the lower file system allocate what it delayed (its extent blocks count in st_blocks).
     Command::new("sync").status().unwrap();
-    let lower_blocks: u64 = ["text", "noise", "sparse"].iter().map(|f| fs::metadata(d.lower.join("data").join(f)).unwrap().blocks() * 512).sum();
+    let lower_blocks: u64 =
+        ["text", "noise", "sparse"].iter().map(|f| fs::metadata(d.lower.join("data").join(f)).unwrap().blocks() * 512).sum();
     let dir = m.path("data");
     assert_eq!(value("used", &dir).parse::<u64>().unwrap(), lower_blocks);
     assert_eq!(value("logicalused", &dir).parse::<u64>().unwrap(), (2 << 20) + (256 << 10), "holes are not data");

@@ -300,7 +300,13 @@ fn every_kind_of_corruption_is_eio_for_that_file_or_record_only_and_scrub_lists_
     }
     assert!(fs::read(m.path("ok")).unwrap() == data);
     let log = m.log_text();
-    for (file, says) in [("flip", "record 5"), ("trunc", "record 41"), ("descriptor", "record=3"), ("zero_header", "header is gone"), ("future", "format version 9")] {
+    for (file, says) in [
+        ("flip", "record 5"),
+        ("trunc", "record 41"),
+        ("descriptor", "record=3"),
+        ("zero_header", "header is gone"),
+        ("future", "format version 9"),
+    ] {
         assert!(log.lines().any(|l| l.contains(file) && l.contains(says)), "no log line for {file} saying '{says}':\n{log}");
     }
     // scrub finds every damaged file (and record), and not the intact one.

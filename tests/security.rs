@@ -77,7 +77,10 @@ fn the_daemon_never_follows_a_path_out_of_the_lower_directory() {
     drop(handle);
     assert_eq!(fs::read(outside.join("f")).unwrap(), b"outside, must not change");
     // recompress with a name hint pointing out of the directory does not touch it either.
-    let _ = Command::new("setfattr").args(["-n", "user.densefs.recompress", "-v", "name=../../outside/f,recordsize=4K"]).arg(m.path("d_old/f")).status();
+    let _ = Command::new("setfattr")
+        .args(["-n", "user.densefs.recompress", "-v", "name=../../outside/f,recordsize=4K"])
+        .arg(m.path("d_old/f"))
+        .status();
     assert_eq!(fs::read(outside.join("f")).unwrap(), b"outside, must not change");
     // The symlink is served as a symlink (its target string), not followed by the daemon.
     std::thread::sleep(std::time::Duration::from_millis(1200)); // past the kernel's entry TTL

@@ -33,7 +33,10 @@ fn snapshot(root: &Path) -> Snapshot {
             if m.is_dir() {
                 stack.push(path.clone());
             }
-            out.insert(path.strip_prefix(root).unwrap().to_path_buf(), (m.mtime(), m.mtime_nsec(), m.ctime(), m.ctime_nsec(), m.len(), m.blocks(), h.finish()));
+            out.insert(
+                path.strip_prefix(root).unwrap().to_path_buf(),
+                (m.mtime(), m.mtime_nsec(), m.ctime(), m.ctime_nsec(), m.len(), m.blocks(), h.finish()),
+            );
         }
     }
     out
@@ -146,13 +149,21 @@ const OPS: &[Op] = &[
     Op { name: "truncate(2) up", initial: 300_000, run: |f, _| assert_eq!(unsafe { libc::truncate(path_c(f).as_ptr(), 400_000) }, 0) },
     Op { name: "truncate(2) down", initial: 300_000, run: |f, _| assert_eq!(unsafe { libc::truncate(path_c(f).as_ptr(), 123) }, 0) },
     Op { name: "truncate(2) down to 0", initial: 300_000, run: |f, _| assert_eq!(unsafe { libc::truncate(path_c(f).as_ptr(), 0) }, 0) },
-    Op { name: "truncate(2) to the same size", initial: 300_000, run: |f, _| assert_eq!(unsafe { libc::truncate(path_c(f).as_ptr(), 300_000) }, 0) },
+    Op {
+        name: "truncate(2) to the same size",
+        initial: 300_000,
+        run: |f, _| assert_eq!(unsafe { libc::truncate(path_c(f).as_ptr(), 300_000) }, 0),
+    },
     Op { name: "ftruncate up", initial: 1000, run: |f, _| OpenOptions::new().write(true).open(f).unwrap().set_len(200_000).unwrap() },
     Op { name: "ftruncate down", initial: 300_000, run: |f, _| OpenOptions::new().write(true).open(f).unwrap().set_len(5).unwrap() },
     Op { name: "open O_TRUNC", initial: 300_000, run: |f, _| drop(OpenOptions::new().write(true).truncate(true).open(f).unwrap()) },
     Op { name: "fallocate growing", initial: 1000, run: |f, _| fallocate(f, 0, 0, 300_000) },
     Op { name: "fallocate keep size", initial: 300_000, run: |f, _| fallocate(f, libc::FALLOC_FL_KEEP_SIZE, 400_000, 100_000) },
-    Op { name: "punch hole", initial: 300_000, run: |f, _| fallocate(f, libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE, 0, 131072) },
+    Op {
+        name: "punch hole",
+        initial: 300_000,
+        run: |f, _| fallocate(f, libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE, 0, 131072),
+    },
     Op { name: "zero range", initial: 300_000, run: |f, _| fallocate(f, libc::FALLOC_FL_ZERO_RANGE, 4096, 8192) },
     Op { name: "link", initial: 1000, run: |f, dir| fs::hard_link(f, dir.join("another-name")).unwrap() },
     Op { name: "chmod", initial: 1000, run: |f, _| fs::set_permissions(f, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap() },
@@ -246,7 +257,11 @@ fn landing_fsync_punching_and_recompress_keep_the_users_mtime_and_blksize_stays(
 
 fn seek(f: &File, offset: i64, whence: i32) -> Result<i64, i32> {
     let r = unsafe { libc::lseek(f.as_raw_fd(), offset, whence) };
-    if r < 0 { Err(std::io::Error::last_os_error().raw_os_error().unwrap()) } else { Ok(r) }
+    if r < 0 {
+        Err(std::io::Error::last_os_error().raw_os_error().unwrap())
+    } else {
+        Ok(r)
+    }
 }
 
 fn assert_quick<T>(what: &str, limit: Duration, f: impl FnOnce() -> T) -> T {

@@ -27,7 +27,11 @@ fn errno() -> i32 {
 /// lsetxattr: Ok or the errno.
 fn lset(p: &Path, name: &str, value: &[u8], flags: i32) -> Result<(), i32> {
     let r = unsafe { libc::lsetxattr(cpath(p).as_ptr(), c(name).as_ptr(), value.as_ptr().cast(), value.len(), flags) };
-    if r == 0 { Ok(()) } else { Err(errno()) }
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(errno())
+    }
 }
 
 /// lgetxattr (size probe first, as getfattr does): the value or the errno.
@@ -55,20 +59,27 @@ fn llist(p: &Path) -> Vec<String> {
     let n = unsafe { libc::llistxattr(path.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
     assert!(n >= 0, "llistxattr {}: errno {}", p.display(), errno());
     buf.truncate(n as usize);
-    let mut names: Vec<String> =
-        buf.split(|&b| b == 0).filter(|n| !n.is_empty()).map(|n| String::from_utf8(n.to_vec()).unwrap()).collect();
+    let mut names: Vec<String> = buf.split(|&b| b == 0).filter(|n| !n.is_empty()).map(|n| String::from_utf8(n.to_vec()).unwrap()).collect();
     names.sort();
     names
 }
 
 fn lremove(p: &Path, name: &str) -> Result<(), i32> {
     let r = unsafe { libc::lremovexattr(cpath(p).as_ptr(), c(name).as_ptr()) };
-    if r == 0 { Ok(()) } else { Err(errno()) }
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(errno())
+    }
 }
 
 /// `getfattr -h -d -m - -e hex PATH` on the lower tree: the link's own attributes as text.
 fn getfattr_h(p: &Path) -> String {
-    let out = Command::new("getfattr").args(["-h", "-d", "-m", "-", "-e", "hex", "--absolute-names"]).arg(p).output().expect("getfattr (apt-get install attr)");
+    let out = Command::new("getfattr")
+        .args(["-h", "-d", "-m", "-", "-e", "hex", "--absolute-names"])
+        .arg(p)
+        .output()
+        .expect("getfattr (apt-get install attr)");
     assert!(out.status.success(), "getfattr {}: {}", p.display(), String::from_utf8_lossy(&out.stderr));
     String::from_utf8(out.stdout).unwrap()
 }
@@ -182,12 +193,8 @@ fn source_tree(src: &Path) {
 
 /// Every path's attributes below `root`, relative paths and values, as getfattr prints them.
 fn dump(root: &Path) -> String {
-    let out = Command::new("getfattr")
-        .args(["-h", "-R", "-d", "-m", "-", "-e", "hex"])
-        .arg(".")
-        .current_dir(root)
-        .output()
-        .expect("getfattr");
+    let out =
+        Command::new("getfattr").args(["-h", "-R", "-d", "-m", "-", "-e", "hex"]).arg(".").current_dir(root).output().expect("getfattr");
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     String::from_utf8(out.stdout).unwrap()
 }

@@ -5,11 +5,29 @@ use std::path::Path;
 
 /// `densefs bench engine`: see `crate::engine::bench`.
 #[allow(clippy::too_many_arguments)]
-pub fn engine(backend: &str, compression: &[String], recordsize: &str, threads: Option<usize>, repeat: usize, precheck: bool, size: Option<&str>, json: bool, file: &Path) -> Result<(), String> {
+pub fn engine(
+    backend: &str,
+    compression: &[String],
+    recordsize: &str,
+    threads: Option<usize>,
+    repeat: usize,
+    precheck: bool,
+    size: Option<&str>,
+    json: bool,
+    file: &Path,
+) -> Result<(), String> {
     use crate::engine::bench::{self, BenchOptions, BenchRow};
     let compressions = compression
         .iter()
-        .map(|c| crate::codec::Compression::parse(c).and_then(|c| if c.codec == crate::codec::Codec::Auto { Err("auto is not a codec to measure".into()) } else { Ok(c) }))
+        .map(|c| {
+            crate::codec::Compression::parse(c).and_then(|c| {
+                if c.codec == crate::codec::Codec::Auto {
+                    Err("auto is not a codec to measure".into())
+                } else {
+                    Ok(c)
+                }
+            })
+        })
         .collect::<Result<Vec<_>, _>>()?;
     let record_size = crate::core::props::parse_recordsize(recordsize)?.record_size() as usize;
     let cpu_threads = threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()));

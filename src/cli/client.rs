@@ -57,7 +57,11 @@ pub fn send(path: &Path, what: Control, value: &str) -> std::io::Result<()> {
     // SAFETY: both names are NUL-terminated and outlive the call; the kernel reads value.len()
     // bytes of value.
     let r = unsafe { libc::setxattr(p.as_ptr(), what.c_name().as_ptr(), value.as_ptr() as *const libc::c_void, value.len(), 0) };
-    if r == 0 { Ok(()) } else { Err(std::io::Error::last_os_error()) }
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
 }
 
 /// A remove request: a directory's property inherits again.
@@ -65,7 +69,11 @@ pub fn remove(path: &Path, what: Control) -> std::io::Result<()> {
     let p = c_path(path)?;
     // SAFETY: both names are NUL-terminated and outlive the call.
     let r = unsafe { libc::removexattr(p.as_ptr(), what.c_name().as_ptr()) };
-    if r == 0 { Ok(()) } else { Err(std::io::Error::last_os_error()) }
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
 }
 
 /// Refuses paths outside densefs mounts (else `set` would quietly write a plain user xattr).

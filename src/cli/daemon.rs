@@ -119,11 +119,8 @@ pub(super) fn serve(
     };
     fs.connect_memory_budget();
     let mut fuse_config = fuser::Config::default();
-    fuse_config.mount_options = vec![
-        MountOption::FSName(lower.display().to_string()),
-        MountOption::Subtype("densefs".into()),
-        MountOption::DefaultPermissions,
-    ];
+    fuse_config.mount_options =
+        vec![MountOption::FSName(lower.display().to_string()), MountOption::Subtype("densefs".into()), MountOption::DefaultPermissions];
     fuse_config.mount_options.extend(config.fuse_options.iter().cloned());
     fuse_config.acl = if config.allow_other { SessionACL::All } else { SessionACL::Owner };
     fuse_config.n_threads = Some(config.threads);
@@ -261,7 +258,13 @@ fn kernel_mount(lower: &Path, mountpoint: &Path, config: &MountConfig) -> std::i
     let data = CString::new(data).expect("BUG: no NUL in mount data");
     // SAFETY: every pointer is to a NUL-terminated string that lives until the call returns.
     let r = unsafe {
-        libc::mount(cpath(lower).as_ptr(), cpath(mountpoint).as_ptr(), c"fuse.densefs".as_ptr(), flags, data.as_ptr() as *const libc::c_void)
+        libc::mount(
+            cpath(lower).as_ptr(),
+            cpath(mountpoint).as_ptr(),
+            c"fuse.densefs".as_ptr(),
+            flags,
+            data.as_ptr() as *const libc::c_void,
+        )
     };
     if r != 0 {
         return Err(std::io::Error::last_os_error());

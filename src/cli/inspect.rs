@@ -24,11 +24,13 @@ pub fn stat(json: bool, files: &[PathBuf]) -> Result<(), String> {
         println!("  File: {}", file.display());
         println!("  Size: {} logical ({} stored data), {} on disk, ratio {:.2}x", n("written"), n("logicalused"), n("used"), ratio(stats));
         match report["properties"]["compression"]["value"].as_str() {
-            Some(c) => println!("  Stored as: container, compression {c}, record size {}", report["properties"]["recordsize"]["value"].as_str().unwrap_or("-")),
+            Some(c) => println!(
+                "  Stored as: container, compression {c}, record size {}",
+                report["properties"]["recordsize"]["value"].as_str().unwrap_or("-")
+            ),
             None => println!("  Stored as: plain file (written before densefs, or left as it was)"),
         }
-        let records: Vec<String> =
-            stats["records"].as_object().into_iter().flatten().map(|(k, v)| format!("{k} {v}")).collect();
+        let records: Vec<String> = stats["records"].as_object().into_iter().flatten().map(|(k, v)| format!("{k} {v}")).collect();
         if !records.is_empty() {
             println!("  Records: {} (raw because too little was saved: {})", records.join(", "), n("raw_low_savings"));
         }
@@ -74,5 +76,9 @@ pub fn scrub(json: bool, path: &Path) -> ExitCode {
             if count == 0 { "no problems".to_string() } else { format!("{count} problems") }
         );
     }
-    if count == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE }
+    if count == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
 }

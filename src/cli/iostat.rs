@@ -50,8 +50,24 @@ pub fn totals(snapshot: &Value) -> Totals {
 pub fn header() -> String {
     format!(
         "{:<8} {:>10} {:>10} {:>6} {:>10} {:>6} {:>8} {:>9} {:>7}\n{:<8} {:>10} {:>10} {:>6} {:>10} {:>6} {:>8} {:>9} {:>7}",
-        "", "write", "stored", "", "read", "cpu", "offload", "fallback", "device",
-        "time", "MB/s", "MB/s", "ratio", "MB/s", "%", "%", "/s", "errors"
+        "",
+        "write",
+        "stored",
+        "",
+        "read",
+        "cpu",
+        "offload",
+        "fallback",
+        "device",
+        "time",
+        "MB/s",
+        "MB/s",
+        "ratio",
+        "MB/s",
+        "%",
+        "%",
+        "/s",
+        "errors"
     )
 }
 

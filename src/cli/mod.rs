@@ -224,7 +224,9 @@ pub fn run(cli: Cli) -> ExitCode {
         Command::List { recursive, scripted, parsable, json, paths } => props::list(recursive, scripted, parsable, json, paths),
         Command::Stat { json, files } => inspect::stat(json, &files),
         Command::Scrub { json, path } => return inspect::scrub(json, &path),
-        Command::Recompress { recursive, settings, quiet, paths } => recompress::run(recursive, settings.unwrap_or_default(), quiet, &paths),
+        Command::Recompress { recursive, settings, quiet, paths } => {
+            recompress::run(recursive, settings.unwrap_or_default(), quiet, &paths)
+        }
         Command::Iostat { interval, count, verbose, mountpoint } => {
             if interval.is_finite() && interval > 0.0 {
                 iostat::run(&mountpoint, interval, count, verbose)

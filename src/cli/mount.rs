@@ -196,7 +196,11 @@ pub fn remount(mountpoint: &Path, options: &str) -> Result<(), String> {
     for item in options.split(',').map(str::trim).filter(|s| !s.is_empty()) {
         let (key, value) = item.split_once('=').unwrap_or((item, ""));
         if let Some((bit, on)) = flag(item) {
-            if on { flags |= bit } else { flags &= !bit }
+            if on {
+                flags |= bit
+            } else {
+                flags &= !bit
+            }
             if bit == libc::MS_STRICTATIME {
                 flags &= !(libc::MS_RELATIME | libc::MS_NOATIME);
             }
@@ -230,11 +234,22 @@ pub fn remount(mountpoint: &Path, options: &str) -> Result<(), String> {
         }
     }
     if !fixed.is_empty() {
-        eprintln!("densefs: {}: cannot change on a live mount, left as they were (unmount and mount again to change them)", fixed.join(","));
+        eprintln!(
+            "densefs: {}: cannot change on a live mount, left as they were (unmount and mount again to change them)",
+            fixed.join(",")
+        );
     }
     // SAFETY: the paths are NUL-terminated and live until the call returns; a remount reads no
     // type or data (null).
-    let r = unsafe { libc::mount(cpath(&entry.source).as_ptr(), cpath(&mountpoint).as_ptr(), std::ptr::null(), flags | libc::MS_REMOUNT, std::ptr::null()) };
+    let r = unsafe {
+        libc::mount(
+            cpath(&entry.source).as_ptr(),
+            cpath(&mountpoint).as_ptr(),
+            std::ptr::null(),
+            flags | libc::MS_REMOUNT,
+            std::ptr::null(),
+        )
+    };
     if r != 0 {
         let e = std::io::Error::last_os_error();
         return Err(match e.raw_os_error() {

@@ -51,12 +51,21 @@ pub fn parse_mount_options(list: &str) -> Result<MountConfig, String> {
         match key {
             "offload_min" | "offload_max" => {
                 let v = need(value)?;
-                let n = parse_size(&v).filter(|n| (1..=1 << 20).contains(n)).ok_or_else(|| format!("invalid {key} '{v}' (a size up to 1M, e.g. 4K)"))?;
-                if key == "offload_min" { engine.offload_window.0 = n as usize } else { engine.offload_window.1 = n as usize }
+                let n = parse_size(&v)
+                    .filter(|n| (1..=1 << 20).contains(n))
+                    .ok_or_else(|| format!("invalid {key} '{v}' (a size up to 1M, e.g. 4K)"))?;
+                if key == "offload_min" {
+                    engine.offload_window.0 = n as usize
+                } else {
+                    engine.offload_window.1 = n as usize
+                }
             }
             "cache_size" => {
                 let v = need(value)?;
-                options.cache_size = parse_size(&v).filter(|&n| n >= 8 << 20).ok_or_else(|| format!("invalid cache_size '{v}' (at least 8M, e.g. 256M or 1G)"))? as usize;
+                options.cache_size = parse_size(&v)
+                    .filter(|&n| n >= 8 << 20)
+                    .ok_or_else(|| format!("invalid cache_size '{v}' (at least 8M, e.g. 256M or 1G)"))?
+                    as usize;
             }
             "precheck" => engine.precheck = on_off(key, value)?,
             "verify" => engine.verify = on_off(key, value)?,

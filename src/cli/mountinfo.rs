@@ -100,9 +100,14 @@ mod tests {
         assert_eq!(unescape(r"/mnt/with\040space"), "/mnt/with space");
         assert_eq!(unescape(r"a\011b\012c\134d\"), "a\tb\nc\\d\\");
         assert_eq!(unescape(r"\303\251t\303\251"), "été");
-        let e = parse_mountinfo_line(r"42 27 0:39 / /tmp/a\040b rw,nosuid,nodev,relatime shared:1 - fuse.densefs /tmp/low\040er rw,user_id=0").unwrap();
+        let e =
+            parse_mountinfo_line(r"42 27 0:39 / /tmp/a\040b rw,nosuid,nodev,relatime shared:1 - fuse.densefs /tmp/low\040er rw,user_id=0")
+                .unwrap();
         assert_eq!(e.point, Path::new("/tmp/a b"));
         assert_eq!(e.source, Path::new("/tmp/low er"));
-        assert_eq!((e.fstype.as_str(), e.mount_options.as_str(), e.super_options.as_str()), ("fuse.densefs", "rw,nosuid,nodev,relatime", "rw,user_id=0"));
+        assert_eq!(
+            (e.fstype.as_str(), e.mount_options.as_str(), e.super_options.as_str()),
+            ("fuse.densefs", "rw,nosuid,nodev,relatime", "rw,user_id=0")
+        );
     }
 }

@@ -27,7 +27,11 @@ pub fn human(bytes: u64) -> String {
 pub fn ratio(stats: &Value) -> f64 {
     let logical = stats["logicalused"].as_u64().unwrap_or(0) as f64;
     let used = stats["used"].as_u64().unwrap_or(0) as f64;
-    if used == 0.0 || logical == 0.0 { 1.0 } else { logical / used }
+    if used == 0.0 || logical == 0.0 {
+        1.0
+    } else {
+        logical / used
+    }
 }
 
 /// A mount-relative path from a report, shown as a full path.
@@ -56,7 +60,11 @@ pub fn print_table(header: &[&str], rows: &[Vec<String>], scripted: bool) {
     let line = |cells: Vec<&str>| {
         let mut out = String::new();
         for (i, (c, w)) in cells.iter().zip(&widths).enumerate() {
-            if i + 1 == cells.len() { out.push_str(c) } else { out.push_str(&format!("{c:<w$}  ")) }
+            if i + 1 == cells.len() {
+                out.push_str(c)
+            } else {
+                out.push_str(&format!("{c:<w$}  "))
+            }
         }
         println!("{}", out.trim_end());
     };

@@ -98,7 +98,10 @@ pub fn list(recursive: bool, scripted: bool, parsable: bool, json: bool, paths: 
         let report = client::report(path, if recursive { Control::DATASETS } else { Control::REPORT })?;
         let mount = mountpoint_of(path);
         let compression_of = |p: &Path| -> String {
-            client::report(p, Control::PROPERTIES).ok().and_then(|r| r["properties"]["compression"]["value"].as_str().map(String::from)).unwrap_or("-".into())
+            client::report(p, Control::PROPERTIES)
+                .ok()
+                .and_then(|r| r["properties"]["compression"]["value"].as_str().map(String::from))
+                .unwrap_or("-".into())
         };
         let mut entries = vec![(path.clone(), report["stats"].clone(), compression_of(path))];
         let mut datasets: Vec<&serde_json::Value> = report["datasets"].as_array().into_iter().flatten().collect();
@@ -115,7 +118,11 @@ pub fn list(recursive: bool, scripted: bool, parsable: bool, json: bool, paths: 
         for (name, stats, compression) in entries {
             let size = |k: &str| {
                 let n = stats[k].as_u64().unwrap_or(0);
-                if parsable { n.to_string() } else { human(n) }
+                if parsable {
+                    n.to_string()
+                } else {
+                    human(n)
+                }
             };
             let r = ratio(&stats);
             rows.push(vec![
@@ -166,7 +173,11 @@ pub fn property_rows(path: &Path, report: &Value, parsable: bool) -> Vec<Row> {
     let stats = &report["stats"];
     let size = |key: &str| {
         let n = stats[key].as_u64().unwrap_or(0);
-        if parsable { n.to_string() } else { human(n) }
+        if parsable {
+            n.to_string()
+        } else {
+            human(n)
+        }
     };
     let r = ratio(stats);
     push("compressratio", if parsable { format!("{r:.2}") } else { format!("{r:.2}x") }, "-".into());

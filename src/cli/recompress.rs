@@ -58,7 +58,11 @@ pub fn run(recursive: bool, spec: String, quiet: bool, paths: &[PathBuf]) -> Res
         ratio(used_before),
         ratio(used_after)
     );
-    if failed > 0 { Err(format!("{failed} files were left as they were")) } else { Ok(()) }
+    if failed > 0 {
+        Err(format!("{failed} files were left as they were"))
+    } else {
+        Ok(())
+    }
 }
 
 /// Every regular file at or below `path` (recursing only with `recursive`), symlinks not followed.
@@ -95,7 +99,13 @@ pub fn files_below(path: &Path, recursive: bool) -> Result<Vec<(PathBuf, u64)>, 
 /// Asks the daemon to rewrite one file (`spec`: "" or "compression=…,recordsize=…").
 pub fn recompress_file(file: &Path, spec: &str) -> Result<(), String> {
     let name = file.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    let spec = if name.contains(',') { spec.to_string() } else if spec.is_empty() { format!("name={name}") } else { format!("{spec},name={name}") };
+    let spec = if name.contains(',') {
+        spec.to_string()
+    } else if spec.is_empty() {
+        format!("name={name}")
+    } else {
+        format!("{spec},name={name}")
+    };
     let Err(e) = client::send(file, Control::Recompress, &spec) else {
         return Ok(());
     };

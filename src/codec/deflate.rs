@@ -15,9 +15,8 @@ pub fn compress(src: &[u8], dst: &mut [u8], level: i32) -> Option<usize> {
     let level = level.clamp(1, 9);
     COMPRESSORS.with(|cell| {
         let mut slots = cell.borrow_mut();
-        let compressor = slots[level as usize].get_or_insert_with(|| {
-            Compressor::new(CompressionLvl::new(level).expect("BUG: deflate level 1..9 is valid"))
-        });
+        let compressor = slots[level as usize]
+            .get_or_insert_with(|| Compressor::new(CompressionLvl::new(level).expect("BUG: deflate level 1..9 is valid")));
         compressor.deflate_compress(src, dst).ok()
     })
 }
@@ -26,9 +25,7 @@ pub fn decompress(src: &[u8], dst: &mut [u8]) -> Result<(), CodecError> {
     DECOMPRESSOR.with(|cell| match cell.borrow_mut().deflate_decompress(src, dst) {
         Ok(n) if n == dst.len() => Ok(()),
         Ok(_) => Err(CodecError::Corrupt("deflate stream decodes to the wrong length")),
-        Err(DecompressionError::InsufficientSpace) => {
-            Err(CodecError::Corrupt("deflate stream decodes past the record length"))
-        }
+        Err(DecompressionError::InsufficientSpace) => Err(CodecError::Corrupt("deflate stream decodes past the record length")),
         Err(DecompressionError::BadData) => Err(CodecError::Corrupt("invalid deflate stream")),
     })
 }

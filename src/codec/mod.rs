@@ -129,8 +129,26 @@ const GPU_AND_TEST: &[&str] = &["gpu", "faulty"];
 /// [`Codec`] with the next free id, and a row here; then its round-trip tests in `tests.rs`
 /// and its line in docs/FORMAT.md's codec table. Nothing else names codecs one by one.
 pub static CODECS: [CodecInfo; 6] = [
-    CodecInfo { codec: Codec::Off, name: "off", aliases: &[], levels: None, fast: true, devices: &[], compress: store_compress, decompress: store_decompress },
-    CodecInfo { codec: Codec::Lz4, name: "lz4", aliases: &["on"], levels: None, fast: true, devices: GPU_AND_TEST, compress: lz4::compress, decompress: lz4::decompress },
+    CodecInfo {
+        codec: Codec::Off,
+        name: "off",
+        aliases: &[],
+        levels: None,
+        fast: true,
+        devices: &[],
+        compress: store_compress,
+        decompress: store_decompress,
+    },
+    CodecInfo {
+        codec: Codec::Lz4,
+        name: "lz4",
+        aliases: &["on"],
+        levels: None,
+        fast: true,
+        devices: GPU_AND_TEST,
+        compress: lz4::compress,
+        decompress: lz4::decompress,
+    },
     CodecInfo {
         codec: Codec::Deflate,
         name: "gzip",
@@ -151,8 +169,26 @@ pub static CODECS: [CodecInfo; 6] = [
         compress: zstd::compress,
         decompress: zstd::decompress,
     },
-    CodecInfo { codec: Codec::Lzjb, name: "lzjb", aliases: &[], levels: None, fast: true, devices: &[], compress: lzjb::compress, decompress: lzjb::decompress },
-    CodecInfo { codec: Codec::Zle, name: "zle", aliases: &[], levels: None, fast: true, devices: &[], compress: zle::compress, decompress: zle::decompress },
+    CodecInfo {
+        codec: Codec::Lzjb,
+        name: "lzjb",
+        aliases: &[],
+        levels: None,
+        fast: true,
+        devices: &[],
+        compress: lzjb::compress,
+        decompress: lzjb::decompress,
+    },
+    CodecInfo {
+        codec: Codec::Zle,
+        name: "zle",
+        aliases: &[],
+        levels: None,
+        fast: true,
+        devices: &[],
+        compress: zle::compress,
+        decompress: zle::decompress,
+    },
 ];
 
 /// The name of the per-record setting ([`Codec::Auto`]), which is not a row.
@@ -165,7 +201,11 @@ impl Codec {
 
     /// The header's "codec new records get" byte: a codec id or [`Codec::Auto`].
     pub fn from_setting_id(id: u8) -> Result<Codec, CodecError> {
-        if id == Codec::Auto as u8 { Ok(Codec::Auto) } else { Codec::from_id(id) }
+        if id == Codec::Auto as u8 {
+            Ok(Codec::Auto)
+        } else {
+            Codec::from_id(id)
+        }
     }
 
     /// The codec's row; `None` for [`Codec::Auto`], a setting the engine resolves per record.

@@ -189,7 +189,11 @@ fn the_docs_list_every_codec_of_the_table() {
     let readme = include_str!("../../README.md");
     for row in &CODECS {
         let id = row.codec as u8;
-        assert!(format.lines().any(|l| l.starts_with(&format!("| {id} | {}", row.name))), "docs/FORMAT.md's codec id table lacks {id} ({})", row.name);
+        assert!(
+            format.lines().any(|l| l.starts_with(&format!("| {id} | {}", row.name))),
+            "docs/FORMAT.md's codec id table lacks {id} ({})",
+            row.name
+        );
         assert!(readme.contains(&format!("`{}`", row.name)), "README.md's compression row lacks {}", row.name);
     }
 }

@@ -15,9 +15,7 @@ pub fn compress(src: &[u8], dst: &mut [u8], level: i32) -> Option<usize> {
 pub fn decompress(src: &[u8], dst: &mut [u8]) -> Result<(), CodecError> {
     // A frame may declare its content size; refuse one that disagrees before decoding.
     match zstd::zstd_safe::get_frame_content_size(src) {
-        Ok(Some(n)) if n != dst.len() as u64 => {
-            return Err(CodecError::Corrupt("zstd frame declares the wrong length"))
-        }
+        Ok(Some(n)) if n != dst.len() as u64 => return Err(CodecError::Corrupt("zstd frame declares the wrong length")),
         Err(_) => return Err(CodecError::Corrupt("invalid zstd frame header")),
         _ => {}
     }

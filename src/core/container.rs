@@ -92,7 +92,14 @@ impl Container {
 
     /// Turns an empty lower file into an empty container. Nothing is written until the file
     /// gets data or a size: an empty file stays an empty lower file.
-    pub fn create(lower: File, settings: CreateSettings, policy: RecordPolicy, engine: Arc<Engine>, memory: Arc<Memory>, label: String) -> FsResult<Container> {
+    pub fn create(
+        lower: File,
+        settings: CreateSettings,
+        policy: RecordPolicy,
+        engine: Arc<Engine>,
+        memory: Arc<Memory>,
+        label: String,
+    ) -> FsResult<Container> {
         if lower.metadata()?.len() != 0 {
             lower.set_len(0)?;
         }
@@ -112,7 +119,15 @@ impl Container {
 
     /// A container found on the lower file. `writable`: opened for writing, so what a crash
     /// left past the end of file is dropped now; a reader leaves that to the first writer.
-    pub fn open(lower: File, header: Header, policy: RecordPolicy, engine: Arc<Engine>, memory: Arc<Memory>, label: String, writable: bool) -> FsResult<Container> {
+    pub fn open(
+        lower: File,
+        header: Header,
+        policy: RecordPolicy,
+        engine: Arc<Engine>,
+        memory: Arc<Memory>,
+        label: String,
+        writable: bool,
+    ) -> FsResult<Container> {
         let (store, state) = Store::open(lower, &header, label)?;
         let container = Container::assemble(store, state, policy, engine, memory);
         container.state.lock().pending_discard = Some(header.layout.plain_size_to_records(header.size));
@@ -128,7 +143,14 @@ impl Container {
             engine,
             memory: memory.clone(),
             slot_io: RwLock::new(()),
-            state: Mutex::new(State { policy, buffers: Buffers::new(memory), store: state, rewriting: HashSet::new(), write_error: None, pending_discard: None }),
+            state: Mutex::new(State {
+                policy,
+                buffers: Buffers::new(memory),
+                store: state,
+                rewriting: HashSet::new(),
+                write_error: None,
+                pending_discard: None,
+            }),
             landed: Condvar::new(),
             landing: LandingQueue::default(),
         }

@@ -77,11 +77,8 @@ impl DenseFs {
     /// An empty lower file opened for writing becomes a container (it has nothing to preserve).
     /// Readers open the lower file read-only: reading never writes (a writer's open upgrades it).
     pub(super) fn load_content(&self, inode: &Node, writable: bool) -> FsResult<Content> {
-        let file = if writable {
-            lower::reopen(inode.raw_fd(), libc::O_RDWR)?
-        } else {
-            lower::reopen_read(inode.raw_fd(), self.options.noatime)?
-        };
+        let file =
+            if writable { lower::reopen(inode.raw_fd(), libc::O_RDWR)? } else { lower::reopen_read(inode.raw_fd(), self.options.noatime)? };
         let label = self.label(inode);
         // The properties of the directory the file is in decide how it is written.
         let settings = self.settings_in(self.inodes.parent_of(inode.nodeid).unwrap_or(super::ROOT));
@@ -91,7 +88,14 @@ impl DenseFs {
                 Ok(Content::Container(Arc::new(c)))
             }
             Ok(None) if writable && file.metadata()?.len() == 0 => {
-                let c = Container::create(file, Self::create_settings(&settings), settings.record_policy(), self.engine.clone(), self.memory.clone(), label)?;
+                let c = Container::create(
+                    file,
+                    Self::create_settings(&settings),
+                    settings.record_policy(),
+                    self.engine.clone(),
+                    self.memory.clone(),
+                    label,
+                )?;
                 Ok(Content::Container(Arc::new(c)))
             }
             Ok(None) => Ok(Content::Plain(Arc::new(file))),
@@ -279,9 +283,7 @@ impl DenseFs {
         if set.uid.is_some() || set.gid.is_some() {
             let uid = set.uid.unwrap_or(u32::MAX);
             let gid = set.gid.unwrap_or(u32::MAX);
-            check(unsafe {
-                libc::fchownat(inode.raw_fd(), c"".as_ptr(), uid, gid, libc::AT_EMPTY_PATH | libc::AT_SYMLINK_NOFOLLOW)
-            })?;
+            check(unsafe { libc::fchownat(inode.raw_fd(), c"".as_ptr(), uid, gid, libc::AT_EMPTY_PATH | libc::AT_SYMLINK_NOFOLLOW) })?;
         }
         if let Some(size) = set.size {
             match fh.and_then(|fh| self.file_content(fh).ok()) {
@@ -341,7 +343,11 @@ impl DenseFs {
             },
             Content::Plain(file) => {
                 let r = unsafe { libc::lseek(file.as_raw_fd(), offset, whence) };
-                if r < 0 { Err(std::io::Error::last_os_error().into()) } else { Ok(r) }
+                if r < 0 {
+                    Err(std::io::Error::last_os_error().into())
+                } else {
+                    Ok(r)
+                }
             }
         }
     }

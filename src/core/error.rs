@@ -35,7 +35,11 @@ impl From<io::Error> for FsError {
 impl fmt::Display for FsError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let name = io::Error::from_raw_os_error(self.errno);
-        if self.message.is_empty() { write!(f, "{name}") } else { write!(f, "{}: {name}", self.message) }
+        if self.message.is_empty() {
+            write!(f, "{name}")
+        } else {
+            write!(f, "{}: {name}", self.message)
+        }
     }
 }
 
@@ -43,5 +47,9 @@ impl std::error::Error for FsError {}
 
 /// Turns a libc return value into a result, reading errno on -1.
 pub fn check(ret: libc::c_int) -> io::Result<libc::c_int> {
-    if ret == -1 { Err(io::Error::last_os_error()) } else { Ok(ret) }
+    if ret == -1 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(ret)
+    }
 }

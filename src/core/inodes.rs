@@ -222,12 +222,8 @@ impl InodeTable {
     /// Closes the least recently used quarter of the cached descriptors.
     fn evict(&self) {
         let t = self.inner.lock();
-        let mut candidates: Vec<(u64, &Arc<Inode>)> = t
-            .by_id
-            .values()
-            .filter(|e| e.inode.nodeid != ROOT)
-            .map(|e| (e.inode.last_used.load(Ordering::Relaxed), &e.inode))
-            .collect();
+        let mut candidates: Vec<(u64, &Arc<Inode>)> =
+            t.by_id.values().filter(|e| e.inode.nodeid != ROOT).map(|e| (e.inode.last_used.load(Ordering::Relaxed), &e.inode)).collect();
         candidates.sort_by_key(|(used, _)| *used);
         let mut to_close = self.fd_budget / 4;
         for (_, inode) in candidates {

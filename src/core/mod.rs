@@ -140,8 +140,14 @@ pub struct Statfs {
 
 enum Handle {
     /// `writable`: opened for writing; only those handles hear of write-back errors at close.
-    File { inode: Arc<Inode>, content: Content, writable: bool },
-    Dir { entries: Arc<Vec<DirEntry>> },
+    File {
+        inode: Arc<Inode>,
+        content: Content,
+        writable: bool,
+    },
+    Dir {
+        entries: Arc<Vec<DirEntry>>,
+    },
 }
 
 /// A report kept between a size probe and the read that follows: (node, name, when, JSON).
@@ -181,7 +187,8 @@ fn fd_budget() -> usize {
 
 impl DenseFs {
     pub fn new(lower_root: &Path, options: Options, engine: Arc<Engine>) -> FsResult<DenseFs> {
-        let fd = lower::open_root(lower_root).map_err(|e| FsError::new(e.raw_os_error().unwrap_or(libc::EIO), format!("cannot open {}: {e}", lower_root.display())))?;
+        let fd = lower::open_root(lower_root)
+            .map_err(|e| FsError::new(e.raw_os_error().unwrap_or(libc::EIO), format!("cannot open {}: {e}", lower_root.display())))?;
         let st = lower::stat_fd(std::os::fd::AsRawFd::as_raw_fd(&fd))?;
         if st.st_mode & libc::S_IFMT != libc::S_IFDIR {
             return Err(FsError::new(libc::ENOTDIR, format!("{} is not a directory", lower_root.display())));

@@ -11,7 +11,11 @@ use std::sync::Arc;
 
 /// Names densefs keeps in the lower tree (its property file) do not exist through the mount.
 fn hidden(name: &OsStr, errno: i32) -> FsResult<()> {
-    if super::props::is_reserved_name(name) { Err(FsError::new(errno, "name reserved by densefs")) } else { Ok(()) }
+    if super::props::is_reserved_name(name) {
+        Err(FsError::new(errno, "name reserved by densefs"))
+    } else {
+        Ok(())
+    }
 }
 
 impl DenseFs {
@@ -127,9 +131,7 @@ impl DenseFs {
         };
         let moving = stat_at(&from, &a);
         let displaced = stat_at(&to, &b);
-        let ret = unsafe {
-            libc::syscall(libc::SYS_renameat2, from.raw_fd(), a.as_ptr(), to.raw_fd(), b.as_ptr(), flags) as libc::c_int
-        };
+        let ret = unsafe { libc::syscall(libc::SYS_renameat2, from.raw_fd(), a.as_ptr(), to.raw_fd(), b.as_ptr(), flags) as libc::c_int };
         check(ret)?;
         // Keep the inode table's idea of where things live (it reopens evicted inodes by name).
         if let Some((dev, ino)) = moving {
@@ -223,4 +225,3 @@ impl DenseFs {
         Ok(std::fs::read_link(format!("/proc/self/fd/{}", inode.raw_fd()))?)
     }
 }
-

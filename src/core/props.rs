@@ -110,15 +110,16 @@ pub const SETTABLE: [&str; PROPERTIES.len()] = {
 
 /// The row of a property, or an error naming the settable ones.
 pub fn property(name: &str) -> Result<&'static Property, String> {
-    PROPERTIES
-        .iter()
-        .find(|p| p.name == name)
-        .ok_or_else(|| format!("unknown property '{name}' (settable: {})", SETTABLE.join(", ")))
+    PROPERTIES.iter().find(|p| p.name == name).ok_or_else(|| format!("unknown property '{name}' (settable: {})", SETTABLE.join(", ")))
 }
 
 pub fn format_recordsize(layout: Layout) -> String {
     let rs = layout.record_size();
-    if rs >= 1 << 20 { format!("{}M", rs >> 20) } else { format!("{}K", rs >> 10) }
+    if rs >= 1 << 20 {
+        format!("{}M", rs >> 20)
+    } else {
+        format!("{}K", rs >> 10)
+    }
 }
 
 /// "64K", "16M", "1G" (or `KiB`, `MiB`, `GiB`, lower case `k`, `m`, `g`) or a plain number of
@@ -138,9 +139,7 @@ pub fn parse_size(text: &str) -> Option<u64> {
 
 /// Parses "128K", "1M" or "131072" (any size [`parse_size`] reads).
 pub fn parse_recordsize(text: &str) -> Result<Layout, String> {
-    parse_size(text)
-        .and_then(Layout::new)
-        .ok_or_else(|| format!("invalid recordsize '{text}' (a power of two from 4K to 1M, e.g. 128K)"))
+    parse_size(text).and_then(Layout::new).ok_or_else(|| format!("invalid recordsize '{text}' (a power of two from 4K to 1M, e.g. 128K)"))
 }
 
 impl LocalProps {
@@ -307,7 +306,17 @@ mod tests {
 
     #[test]
     fn sizes_have_one_grammar() {
-        for (text, bytes) in [("131072", 131072), ("128K", 128 << 10), ("128k", 128 << 10), ("128KiB", 128 << 10), ("1M", 1 << 20), ("1MiB", 1 << 20), ("1m", 1 << 20), ("2G", 2 << 30), ("1GiB", 1 << 30)] {
+        for (text, bytes) in [
+            ("131072", 131072),
+            ("128K", 128 << 10),
+            ("128k", 128 << 10),
+            ("128KiB", 128 << 10),
+            ("1M", 1 << 20),
+            ("1MiB", 1 << 20),
+            ("1m", 1 << 20),
+            ("2G", 2 << 30),
+            ("1GiB", 1 << 30),
+        ] {
             assert_eq!(parse_size(text), Some(bytes), "{text}");
         }
         for bad in ["", "K", "12Q", "1.5M", "-1", "99999999999999999999"] {

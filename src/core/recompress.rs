@@ -72,7 +72,12 @@ impl DenseFs {
         let tmp_name = OsString::from(format!(".densefs.recompress.{nodeid}"));
         let tmp = cstr(&tmp_name)?;
         let fd = check(unsafe {
-            libc::openat(dir.raw_fd(), tmp.as_ptr(), libc::O_RDWR | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_CLOEXEC, 0o600)
+            libc::openat(
+                dir.raw_fd(),
+                tmp.as_ptr(),
+                libc::O_RDWR | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+                0o600,
+            )
         })?;
         let file = unsafe { <std::fs::File as std::os::fd::FromRawFd>::from_raw_fd(fd) };
         let copy = || -> FsResult<()> {
@@ -129,9 +134,7 @@ fn content_size(content: &Content) -> FsResult<u64> {
 fn apply_spec(settings: &mut Options, spec: &str) -> FsResult<()> {
     for item in spec.split(',').map(str::trim).filter(|s| !s.is_empty() && !s.starts_with("name=")) {
         let (name, value) = item.split_once('=').ok_or_else(|| FsError::new(libc::EINVAL, format!("bad setting '{item}'")))?;
-        super::props::property(name)
-            .and_then(|p| p.parse_into(value, settings))
-            .map_err(|e| FsError::new(libc::EINVAL, e))?;
+        super::props::property(name).and_then(|p| p.parse_into(value, settings)).map_err(|e| FsError::new(libc::EINVAL, e))?;
     }
     Ok(())
 }

@@ -122,7 +122,11 @@ impl StoreState {
     /// The range the header keeps: 0 once every group is healed.
     fn persisted_heal_from(&self) -> u64 {
         let done = self.all_healed() && self.unpersisted.is_empty();
-        if done { 0 } else { self.epochs.heal_from }
+        if done {
+            0
+        } else {
+            self.epochs.heal_from
+        }
     }
 
     fn cache_table(&mut self, group: u64, table: Box<[Pair]>) {
@@ -158,7 +162,11 @@ impl StoreState {
 
 /// Groups whose regions the lower file reaches (what healing may have to visit).
 fn groups_in(lower_len: u64, layout: Layout) -> u64 {
-    if lower_len == 0 { 1 } else { layout.lower_off_to_group(lower_len - 1) + 1 }
+    if lower_len == 0 {
+        1
+    } else {
+        layout.lower_off_to_group(lower_len - 1) + 1
+    }
 }
 
 impl Store {
@@ -472,6 +480,10 @@ impl Store {
 
     /// fdatasync (`datasync`) or fsync of the lower file.
     pub fn sync_lower(&self, datasync: bool) -> std::io::Result<()> {
-        if datasync { lower::fdatasync(&self.lower) } else { lower::fsync(&self.lower) }
+        if datasync {
+            lower::fdatasync(&self.lower)
+        } else {
+            lower::fsync(&self.lower)
+        }
     }
 }

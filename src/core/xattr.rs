@@ -127,9 +127,7 @@ impl DenseFs {
         }
         let (_node, path) = self.xattr_target(nodeid)?;
         let name = cstr(name)?;
-        check(unsafe {
-            libc::setxattr(path.as_ptr(), name.as_ptr(), value.as_ptr() as *const libc::c_void, value.len(), flags)
-        })?;
+        check(unsafe { libc::setxattr(path.as_ptr(), name.as_ptr(), value.as_ptr() as *const libc::c_void, value.len(), flags) })?;
         Ok(())
     }
 

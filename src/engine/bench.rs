@@ -169,7 +169,12 @@ fn decompress_on_device(device: &dyn Device, encoded: &[Encoded]) -> Result<Vec<
 }
 
 /// Runs every (backend, compression) pair on `data`. `devices` are the accelerators present.
-pub fn run(options: &BenchOptions, data: &[u8], devices: &[Arc<dyn Device>], mut report: impl FnMut(&BenchRow)) -> Result<Vec<BenchRow>, String> {
+pub fn run(
+    options: &BenchOptions,
+    data: &[u8],
+    devices: &[Arc<dyn Device>],
+    mut report: impl FnMut(&BenchRow),
+) -> Result<Vec<BenchRow>, String> {
     let records: Vec<Arc<Vec<u8>>> = data.chunks(options.record_size).map(|c| Arc::new(c.to_vec())).collect();
     let mut rows = Vec::new();
     for backend in &options.backends {

@@ -178,12 +178,8 @@ pub struct FaultyDevice {
 impl FaultyDevice {
     pub fn new(spec: FaultSpec) -> FaultyDevice {
         let (tx, rx): (Sender<Queued>, Receiver<Queued>) = unbounded();
-        let shared = Arc::new(Shared {
-            rng: Mutex::new(spec.seed.max(1)),
-            spec,
-            occupied: AtomicUsize::new(0),
-            generation: AtomicU64::new(0),
-        });
+        let shared =
+            Arc::new(Shared { rng: Mutex::new(spec.seed.max(1)), spec, occupied: AtomicUsize::new(0), generation: AtomicU64::new(0) });
         let workers = (0..shared.spec.workers)
             .map(|i| {
                 let (rx, shared) = (rx.clone(), shared.clone());

@@ -43,7 +43,6 @@ pub struct RecordPolicy {
     pub offload: Offload,
 }
 
-
 /// Where compression may run (`offload=` mount option and property).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Offload {
@@ -387,9 +386,7 @@ impl Inner {
                         }
                         self.cpu_compress(req, job.done);
                     }
-                    offload::Route::Device(d, compression) => {
-                        batches[d].push(offload::Offered { req, compression, done: job.done })
-                    }
+                    offload::Route::Device(d, compression) => batches[d].push(offload::Offered { req, compression, done: job.done }),
                 },
             }
         }
@@ -417,7 +414,8 @@ impl Inner {
         let data = req.data.as_slice();
         let compression = if req.compression.is_auto() {
             let backlog = self.cpu.waiting() as f32 / self.cpu.threads() as f32;
-            let chosen = policy::choose_auto(policy::sample_entropy(data), req.min_savings, policy::AutoTarget::Cpu { backlog_per_worker: backlog });
+            let chosen =
+                policy::choose_auto(policy::sample_entropy(data), req.min_savings, policy::AutoTarget::Cpu { backlog_per_worker: backlog });
             self.stats.auto_chose(chosen.codec);
             chosen
         } else {

@@ -226,10 +226,16 @@ impl Inner {
             let same = compression.codec.decompress(&bytes, &mut check).is_ok() && check == data;
             if !same {
                 let why = format!("its {compression} output for a {} byte record does not decode back to the input", data.len());
-                return self.device_failed(d, Pending { started: pending.started, offered: Offered { req, compression, done } }, Fallback::Garbage, &why);
+                return self.device_failed(
+                    d,
+                    Pending { started: pending.started, offered: Offered { req, compression, done } },
+                    Fallback::Garbage,
+                    &why,
+                );
             }
         }
-        let (encoded, outcome): (Encoded, Outcome) = policy::keep_or_raw(data, compression, worth_keeping.then_some(bytes), req.min_savings, req.checksum);
+        let (encoded, outcome): (Encoded, Outcome) =
+            policy::keep_or_raw(data, compression, worth_keeping.then_some(bytes), req.min_savings, req.checksum);
         let backend = &self.stats.backends[self.devices[d].stats_index];
         backend.compress(compression.codec).add(data.len(), encoded.bytes.len(), latency);
         self.stats.outcome(outcome, data.len());

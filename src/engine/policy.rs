@@ -65,10 +65,14 @@ pub fn sample_entropy(data: &[u8]) -> f32 {
         return 0.0;
     }
     let n = n as f32;
-    histogram.iter().filter(|&&c| c > 0).map(|&c| {
-        let p = c as f32 / n;
-        -p * p.log2()
-    }).sum()
+    histogram
+        .iter()
+        .filter(|&&c| c > 0)
+        .map(|&c| {
+            let p = c as f32 / n;
+            -p * p.log2()
+        })
+        .sum()
 }
 
 /// Whether a sample's byte statistics alone already promise `min_savings` (an order-0 entropy
@@ -117,7 +121,13 @@ pub fn choose_auto(entropy: f32, min_savings: MinSavings, target: AutoTarget) ->
 }
 
 /// Keeps `compressed` if it saves `min_savings`, else stores `data` raw; checksums what is kept.
-pub fn keep_or_raw(data: &[u8], compression: Compression, compressed: Option<Vec<u8>>, min_savings: MinSavings, checksum: ChecksumKind) -> (Encoded, Outcome) {
+pub fn keep_or_raw(
+    data: &[u8],
+    compression: Compression,
+    compressed: Option<Vec<u8>>,
+    min_savings: MinSavings,
+    checksum: ChecksumKind,
+) -> (Encoded, Outcome) {
     let logical_len = data.len() as u32;
     if let Some(bytes) = compressed.filter(|c| c.len() <= min_savings.max_kept_len(data.len())) {
         let sum = checksum.compute(&bytes);
@@ -135,7 +145,13 @@ pub fn hole(len: usize) -> Encoded {
 
 /// Encodes one record on the calling thread with a concrete `compression` (never auto).
 /// `precheck`: skip slow codecs on data that looks incompressible (see [`probably_incompressible`]).
-pub fn encode_record(data: &[u8], compression: Compression, min_savings: MinSavings, checksum: ChecksumKind, precheck: bool) -> (Encoded, Outcome) {
+pub fn encode_record(
+    data: &[u8],
+    compression: Compression,
+    min_savings: MinSavings,
+    checksum: ChecksumKind,
+    precheck: bool,
+) -> (Encoded, Outcome) {
     if is_all_zero(data) {
         return (hole(data.len()), Outcome::Hole);
     }
@@ -156,10 +172,12 @@ pub fn encode_record(data: &[u8], compression: Compression, min_savings: MinSavi
 
 /// The format's rule (`format::record`), with the engine's error.
 pub fn decode_record(req: &DecompressRequest) -> Result<Vec<u8>, EngineError> {
-    crate::format::record::verify_and_decode(req.codec, &req.stored, req.logical_len, req.checksum_kind, req.checksum).map_err(|e| match e {
-        crate::format::FormatError::Codec(c) => EngineError::Codec(c),
-        _ => EngineError::ChecksumMismatch,
-    })
+    crate::format::record::verify_and_decode(req.codec, &req.stored, req.logical_len, req.checksum_kind, req.checksum).map_err(
+        |e| match e {
+            crate::format::FormatError::Codec(c) => EngineError::Codec(c),
+            _ => EngineError::ChecksumMismatch,
+        },
+    )
 }
 
 #[cfg(test)]
@@ -196,7 +214,12 @@ mod tests {
     fn records_that_save_too_little_are_stored_raw() {
         // Half random, half compressible: saves well under 12.5% ... or not; force it with noise.
         let mut x = 1u32;
-        let noise: Vec<u8> = (0..65536).map(|_| { x = x.wrapping_mul(1664525).wrapping_add(1013904223); (x >> 24) as u8 }).collect();
+        let noise: Vec<u8> = (0..65536)
+            .map(|_| {
+                x = x.wrapping_mul(1664525).wrapping_add(1013904223);
+                (x >> 24) as u8
+            })
+            .collect();
         let e = encode(noise.clone(), "gzip-9");
         assert_eq!(e.codec, Codec::Off);
         assert_eq!(e.bytes, noise);

@@ -160,7 +160,11 @@ fn device_errors_garbage_and_hangs_lose_nothing_and_the_device_comes_back() {
         let records = fastq_like(12, 32 << 10, 10 + round);
         compress_and_check(&engine, &records, "zstd-3", Offload::Only("faulty"));
         all += 12;
-        if engine.stats().fallbacks(Fallback::Timeout) > 0 && engine.stats().fallbacks(Fallback::Garbage) > 0 && engine.stats().fallbacks(Fallback::Error) > 0 && round > 20 {
+        if engine.stats().fallbacks(Fallback::Timeout) > 0
+            && engine.stats().fallbacks(Fallback::Garbage) > 0
+            && engine.stats().fallbacks(Fallback::Error) > 0
+            && round > 20
+        {
             break;
         }
     }
@@ -212,7 +216,10 @@ fn verification_can_be_turned_off_and_then_garbage_is_not_caught() {
         .iter()
         .map(|d| {
             let tx = tx.clone();
-            Job { work: Work::Compress(request(d.clone(), "gzip-6", Offload::Only("faulty"))), done: Box::new(move |r| tx.send(r).unwrap()) }
+            Job {
+                work: Work::Compress(request(d.clone(), "gzip-6", Offload::Only("faulty"))),
+                done: Box::new(move |r| tx.send(r).unwrap()),
+            }
         })
         .collect();
     engine.submit(jobs);

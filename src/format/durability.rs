@@ -72,7 +72,11 @@ impl Epochs {
             None => 0,
             Some(&(current, d)) => {
                 let other_used = pair[1 - current] != SlotState::Empty;
-                if other_used && !self.is_durable(d.epoch) { current } else { 1 - current }
+                if other_used && !self.is_durable(d.epoch) {
+                    current
+                } else {
+                    1 - current
+                }
             }
         }
     }
@@ -112,17 +116,30 @@ impl Epochs {
         changed.then_some(dropped)
     }
 
-    /// After a sync, the slot whose older copy can be freed: the current copy is durable and
-    /// the other slot is not empty. `Err(())`: the current copy was rewritten since the sync
-    /// began and is not durable yet (keep the record for the next sync).
-    pub fn reclaimable(&self, pair: &Pair) -> Result<Option<usize>, ()> {
-        let Some(&(current, d)) = newest_first(pair).first() else { return Ok(None) };
+    /// After a sync: may the older copy of a record be freed?
+    pub fn reclaimable(&self, pair: &Pair) -> Reclaim {
+        let Some(&(current, d)) = newest_first(pair).first() else { return Reclaim::Nothing };
         if !self.is_durable(d.epoch) {
-            return Err(());
+            return Reclaim::NotYetDurable;
         }
         let other = 1 - current;
-        Ok((pair[other] != SlotState::Empty).then_some(other))
+        if pair[other] != SlotState::Empty {
+            Reclaim::Free(other)
+        } else {
+            Reclaim::Nothing
+        }
     }
+}
+
+/// What a sync may free of one record.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reclaim {
+    /// No older copy to free.
+    Nothing,
+    /// The current copy is durable: this slot's older copy can go.
+    Free(usize),
+    /// The current copy was rewritten since the sync began: keep the record for the next sync.
+    NotYetDurable,
 }
 
 #[cfg(test)]
@@ -132,7 +149,16 @@ mod tests {
     use crate::format::{Descriptor, Layout};
 
     fn header(durable_below: u64, heal_from: u64) -> Header {
-        Header { layout: Layout::from_shift(12).unwrap(), checksum: crate::checksum::ChecksumKind::Crc32c, codec: Codec::Lz4, level: 0, size: 0, sequence: 1, durable_below, heal_from }
+        Header {
+            layout: Layout::from_shift(12).unwrap(),
+            checksum: crate::checksum::ChecksumKind::Crc32c,
+            codec: Codec::Lz4,
+            level: 0,
+            size: 0,
+            sequence: 1,
+            durable_below,
+            heal_from,
+        }
     }
 
     fn copy(generation: u32, epoch: u64) -> SlotState {
@@ -257,9 +283,9 @@ mod tests {
         let written = e.epoch;
         let closing = e.begin_sync();
         e.synced(closing);
-        assert_eq!(e.reclaimable(&[copy(1, 5), copy(2, written)]), Ok(Some(0)));
-        assert_eq!(e.reclaimable(&[copy(1, written), SlotState::Empty]), Ok(None));
-        assert_eq!(e.reclaimable(&[SlotState::Empty, SlotState::Empty]), Ok(None));
-        assert_eq!(e.reclaimable(&[copy(1, 5), copy(2, e.epoch)]), Err(()), "rewritten since the sync began");
+        assert_eq!(e.reclaimable(&[copy(1, 5), copy(2, written)]), Reclaim::Free(0));
+        assert_eq!(e.reclaimable(&[copy(1, written), SlotState::Empty]), Reclaim::Nothing);
+        assert_eq!(e.reclaimable(&[SlotState::Empty, SlotState::Empty]), Reclaim::Nothing);
+        assert_eq!(e.reclaimable(&[copy(1, 5), copy(2, e.epoch)]), Reclaim::NotYetDurable, "rewritten since the sync began");
     }
 }

@@ -110,12 +110,20 @@ impl Layout {
     /// a later group's is its table block and its slots.
     pub fn lower_off_to_group(&self, off: u64) -> u64 {
         let group0_end = HEADER_BLOCK + self.slots_span();
-        if off < group0_end { 0 } else { 1 + (off - group0_end) / (self.slots_span() + BLOCK) }
+        if off < group0_end {
+            0
+        } else {
+            1 + (off - group0_end) / (self.slots_span() + BLOCK)
+        }
     }
 
     /// Offset of the group's table (TABLE_SIZE bytes).
     pub fn group_to_table_off(&self, group: u64) -> u64 {
-        if group == 0 { GROUP0_TABLE_OFF } else { self.group_to_slots_off(group) - BLOCK }
+        if group == 0 {
+            GROUP0_TABLE_OFF
+        } else {
+            self.group_to_slots_off(group) - BLOCK
+        }
     }
 
     /// Index of `record` inside its group's table.
@@ -124,9 +132,7 @@ impl Layout {
     }
 
     pub fn record_to_descriptor_off(&self, record: u64, slot: usize) -> u64 {
-        self.group_to_table_off(self.record_to_group(record))
-            + (record % GROUP_RECORDS) * ENTRY_SIZE
-            + slot as u64 * DESCRIPTOR_SIZE
+        self.group_to_table_off(self.record_to_group(record)) + (record % GROUP_RECORDS) * ENTRY_SIZE + slot as u64 * DESCRIPTOR_SIZE
     }
 
     pub fn record_to_slot_off(&self, record: u64, slot: usize) -> u64 {

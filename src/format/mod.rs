@@ -276,7 +276,11 @@ impl Descriptor {
             && (d.codec_id != Codec::Off as u8 || d.stored_len == 0 || d.stored_len == d.logical_len)
             && d.flags & !FLAG_INLINE == 0
             && (!d.is_inline() || (d.stored_len > 0 && d.stored_len as u64 <= layout::INLINE_CAPACITY));
-        if sane { SlotState::Valid(d) } else { SlotState::Damaged }
+        if sane {
+            SlotState::Valid(d)
+        } else {
+            SlotState::Damaged
+        }
     }
 
     pub fn is_inline(&self) -> bool {
@@ -418,7 +422,16 @@ mod tests {
 
     #[test]
     fn descriptors_round_trip_and_detect_damage() {
-        let d = Descriptor { generation: 3, stored_len: 1000, logical_len: 4096, codec_id: 2, level: 6, flags: 0, checksum: 0xdead_beef, epoch: (7 << 32) | 2 };
+        let d = Descriptor {
+            generation: 3,
+            stored_len: 1000,
+            logical_len: 4096,
+            codec_id: 2,
+            level: 6,
+            flags: 0,
+            checksum: 0xdead_beef,
+            epoch: (7 << 32) | 2,
+        };
         let b = d.encode();
         assert_eq!(Descriptor::decode(&b, 4096), SlotState::Valid(d));
         assert_eq!(Descriptor::decode(&[0u8; 32], 4096), SlotState::Empty);

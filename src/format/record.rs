@@ -7,7 +7,13 @@ use super::{ChecksumKind, FormatError};
 use crate::codec::Codec;
 
 /// Verifies `stored` against `checksum`, then decodes it to `logical_len` bytes.
-pub fn verify_and_decode(codec: Codec, stored: &[u8], logical_len: usize, kind: ChecksumKind, checksum: u64) -> Result<Vec<u8>, FormatError> {
+pub fn verify_and_decode(
+    codec: Codec,
+    stored: &[u8],
+    logical_len: usize,
+    kind: ChecksumKind,
+    checksum: u64,
+) -> Result<Vec<u8>, FormatError> {
     if stored.is_empty() {
         return Ok(vec![0u8; logical_len]);
     }

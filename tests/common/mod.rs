@@ -153,7 +153,9 @@ pub fn compressible(len: usize, seed: u64) -> Vec<u8> {
             x ^= x << 17;
             out.push(bases[(x % 4) as usize]);
         }
-        out.extend_from_slice(b"\n+\nIIIIIIIIIIIIIIIIIIIIIIIIIIIIIIIIIIIIIIIIIIIIIIIIIIII99999IIIIIIIIIIIIIIIIIIIIIIIIIIIIIIIIIIIIIIIIIII\n");
+        out.extend_from_slice(
+            b"\n+\nIIIIIIIIIIIIIIIIIIIIIIIIIIIIIIIIIIIIIIIIIIIIIIIIIIII99999IIIIIIIIIIIIIIIIIIIIIIIIIIIIIIIIIIIIIIIIIII\n",
+        );
     }
     out.truncate(len);
     out

@@ -83,7 +83,11 @@ impl Harness {
             None => {
                 // An empty lower file is an empty file: it becomes a container on its first write.
                 assert_eq!(file.metadata().unwrap().len(), 0, "a container lost its header");
-                let settings = CreateSettings { compression: self.container.compression(), layout: self.container.layout(), checksum: ChecksumKind::Crc32c };
+                let settings = CreateSettings {
+                    compression: self.container.compression(),
+                    layout: self.container.layout(),
+                    checksum: ChecksumKind::Crc32c,
+                };
                 Container::create(file, settings, self.policy, self.engine.clone(), self.memory.clone(), "f".into()).unwrap()
             }
         };
@@ -147,7 +151,11 @@ fn run_seed(name: &str, seed: u64) {
     let mut rng = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
     let record_size = [4096u64, 16384][rng.below(2) as usize];
     let compression = ["lz4", "zstd-3", "off", "gzip-1"][rng.below(4) as usize];
-    let settings = CreateSettings { compression: Compression::parse(compression).unwrap(), layout: Layout::new(record_size).unwrap(), checksum: ChecksumKind::Crc32c };
+    let settings = CreateSettings {
+        compression: Compression::parse(compression).unwrap(),
+        layout: Layout::new(record_size).unwrap(),
+        checksum: ChecksumKind::Crc32c,
+    };
     let rs = record_size as usize;
     // Past group 0 (32 records) and now and then far beyond.
     let span = 40 * rs;

@@ -3,9 +3,9 @@
 
 use super::{Container, State};
 use crate::codec::Compression;
+use crate::core::error::FsResult;
 use crate::engine::RecordPolicy;
 use crate::format::layout::GROUP_RECORDS;
-use crate::core::error::FsResult;
 use std::collections::BTreeSet;
 use std::sync::Arc;
 

@@ -5,6 +5,7 @@ use super::{Store, StoreState};
 use crate::core::error::{FsError, FsResult};
 use crate::core::lower;
 use crate::engine::Encoded;
+use crate::format::durability::Reclaim;
 use crate::format::layout::{round_up_block, GROUP_RECORDS, HEADER_BLOCK, INLINE_CAPACITY, INLINE_OFF};
 use crate::format::{newest_first, Descriptor, FormatError, SlotState, FLAG_INLINE};
 use std::collections::BTreeSet;
@@ -101,13 +102,16 @@ impl Store {
                 continue;
             }
             let pair = self.pair(st, record)?;
-            let Ok(free) = st.epochs.reclaimable(&pair) else {
-                st.stale.insert(record); // rewritten again since: its old copy is still needed
-                continue;
-            };
-            if let Some(other) = free {
-                self.set_descriptor(st, record, other, SlotState::Empty)?;
-                lower::punch_hole(&self.lower, self.layout.record_to_slot_off(record, other), rs)?;
+            match st.epochs.reclaimable(&pair) {
+                Reclaim::Nothing => {}
+                // Rewritten again since: its old copy is still needed.
+                Reclaim::NotYetDurable => {
+                    st.stale.insert(record);
+                }
+                Reclaim::Free(other) => {
+                    self.set_descriptor(st, record, other, SlotState::Empty)?;
+                    lower::punch_hole(&self.lower, self.layout.record_to_slot_off(record, other), rs)?;
+                }
             }
         }
         Ok(())
@@ -187,7 +191,10 @@ impl Store {
         let last = self.layout.plain_off_to_record(end - 1);
         let lower_end = self.layout.record_to_slot_off(last, 1).checked_add(self.layout.record_size());
         if !lower_end.is_some_and(|e| lower::offset_allowed(&self.lower, e)) {
-            return Err(FsError::new(libc::EFBIG, format!("{}: the lower file system cannot hold a file of {end} bytes stored this way", self.label)));
+            return Err(FsError::new(
+                libc::EFBIG,
+                format!("{}: the lower file system cannot hold a file of {end} bytes stored this way", self.label),
+            ));
         }
         st.checked_size = end;
         Ok(())

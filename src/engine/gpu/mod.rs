@@ -96,7 +96,11 @@ impl Key {
     }
 
     fn opts(self) -> Opts {
-        if self.compress && self.codec == Codec::Deflate { Opts::deflate(self.algorithm) } else { Opts::ZERO }
+        if self.compress && self.codec == Codec::Deflate {
+            Opts::deflate(self.algorithm)
+        } else {
+            Opts::ZERO
+        }
     }
 }
 
@@ -326,7 +330,11 @@ impl LaneState {
 }
 
 fn nv_check(status: nvcomp::Status, what: &str) -> CudaResult<()> {
-    if status == nvcomp::SUCCESS { Ok(()) } else { Err(CudaError(format!("{what}: {}", nvcomp::status_name(status)))) }
+    if status == nvcomp::SUCCESS {
+        Ok(())
+    } else {
+        Err(CudaError(format!("{what}: {}", nvcomp::status_name(status))))
+    }
 }
 
 /// A lane's loop: gather a batch of one key, run it, answer every job.

@@ -248,7 +248,9 @@ mod tests {
             let deflate = max(&nv.deflate, Opts::deflate(algorithm), 131072);
             assert!((131072..131072 * 4).contains(&deflate), "{deflate}");
             let mut temp = 0usize;
-            let s = unsafe { (nv.deflate.compress_temp_size)(64, 131072, Opts::deflate(algorithm), &mut temp, 64 * 131072, std::ptr::null_mut()) };
+            let s = unsafe {
+                (nv.deflate.compress_temp_size)(64, 131072, Opts::deflate(algorithm), &mut temp, 64 * 131072, std::ptr::null_mut())
+            };
             assert_eq!(s, SUCCESS);
             assert!(temp > 0);
         }

@@ -50,7 +50,11 @@ fn records_written_by_the_gpu_read_on_the_cpu_and_the_reverse() {
             }
             for (kind, data) in [("fastq", corpus(len)), ("noise", noise(len))] {
                 // GPU → CPU
-                let stream = gpu.run_blocking(vec![(DeviceOp::Compress(c), data.clone())]).pop().unwrap().unwrap_or_else(|e| panic!("{name} {len} {kind}: {e}"));
+                let stream = gpu
+                    .run_blocking(vec![(DeviceOp::Compress(c), data.clone())])
+                    .pop()
+                    .unwrap()
+                    .unwrap_or_else(|e| panic!("{name} {len} {kind}: {e}"));
                 let mut back = vec![0u8; len];
                 c.codec.decompress(&stream, &mut back).unwrap_or_else(|e| panic!("{name} {len} {kind}: CPU cannot read GPU output: {e}"));
                 assert!(back == data, "{name} {len} {kind}: GPU output decodes to other bytes");
@@ -59,7 +63,11 @@ fn records_written_by_the_gpu_read_on_the_cpu_and_the_reverse() {
                 let n = c.codec.compress(&data, &mut cpu, c.level).unwrap();
                 cpu.truncate(n);
                 let op = DeviceOp::Decompress { codec: c.codec, logical_len: len };
-                let back = gpu.run_blocking(vec![(op, cpu)]).pop().unwrap().unwrap_or_else(|e| panic!("{name} {len} {kind}: GPU cannot read CPU output: {e}"));
+                let back = gpu
+                    .run_blocking(vec![(op, cpu)])
+                    .pop()
+                    .unwrap()
+                    .unwrap_or_else(|e| panic!("{name} {len} {kind}: GPU cannot read CPU output: {e}"));
                 assert!(back == data, "{name} {len} {kind}: GPU decodes CPU output to other bytes");
             }
         }
