@@ -227,6 +227,16 @@ pub enum EngineError {
     Stopped,
 }
 
+/// A record the format refused: its checksum, or (checksum right) its codec.
+impl From<crate::format::FormatError> for EngineError {
+    fn from(e: crate::format::FormatError) -> EngineError {
+        match e {
+            crate::format::FormatError::Codec(c) => EngineError::Codec(c),
+            _ => EngineError::ChecksumMismatch,
+        }
+    }
+}
+
 impl std::fmt::Display for EngineError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {

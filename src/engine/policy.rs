@@ -172,12 +172,7 @@ pub fn encode_record(
 
 /// The format's rule (`format::record`), with the engine's error.
 pub fn decode_record(req: &DecompressRequest) -> Result<Vec<u8>, EngineError> {
-    crate::format::record::verify_and_decode(req.codec, &req.stored, req.logical_len, req.checksum_kind, req.checksum).map_err(
-        |e| match e {
-            crate::format::FormatError::Codec(c) => EngineError::Codec(c),
-            _ => EngineError::ChecksumMismatch,
-        },
-    )
+    Ok(crate::format::record::verify_and_decode(req.codec, &req.stored, req.logical_len, req.checksum_kind, req.checksum)?)
 }
 
 #[cfg(test)]
