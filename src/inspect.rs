@@ -99,8 +99,6 @@ pub fn inspect(file: &File, verify: bool) -> io::Result<FileStats> {
                 next = skip_to;
                 continue;
             }
-        }
-        if group != table_group {
             table = store.read_table(group)?;
             table_group = group;
         }

@@ -23,6 +23,15 @@ pub fn human(bytes: u64) -> String {
     }
 }
 
+/// A size for a table: exact with `-p` (parsable), else as ZFS prints it.
+pub fn size(bytes: u64, parsable: bool) -> String {
+    if parsable {
+        bytes.to_string()
+    } else {
+        human(bytes)
+    }
+}
+
 /// logical / physical, as ZFS's `compressratio` (1.00x when nothing is stored).
 pub fn ratio(stats: &Value) -> f64 {
     let logical = stats["logicalused"].as_u64().unwrap_or(0) as f64;

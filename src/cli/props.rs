@@ -3,7 +3,7 @@
 
 use super::client::{self, os_error, require_densefs};
 use super::mountinfo::{densefs_mounts, mountpoint_of};
-use super::output::{full_path, human, print_table, ratio};
+use super::output::{full_path, print_table, ratio, size};
 use crate::control::Control;
 use crate::core::props::{LocalProps, SETTABLE};
 use serde_json::Value;
@@ -116,14 +116,7 @@ pub fn list(recursive: bool, scripted: bool, parsable: bool, json: bool, paths: 
             entries.push((full, d["stats"].clone(), c));
         }
         for (name, stats, compression) in entries {
-            let size = |k: &str| {
-                let n = stats[k].as_u64().unwrap_or(0);
-                if parsable {
-                    n.to_string()
-                } else {
-                    human(n)
-                }
-            };
+            let size = |k: &str| size(stats[k].as_u64().unwrap_or(0), parsable);
             let r = ratio(&stats);
             rows.push(vec![
                 name.display().to_string(),
@@ -171,14 +164,7 @@ pub fn property_rows(path: &Path, report: &Value, parsable: bool) -> Vec<Row> {
         }
     }
     let stats = &report["stats"];
-    let size = |key: &str| {
-        let n = stats[key].as_u64().unwrap_or(0);
-        if parsable {
-            n.to_string()
-        } else {
-            human(n)
-        }
-    };
+    let size = |key: &str| size(stats[key].as_u64().unwrap_or(0), parsable);
     let r = ratio(stats);
     push("compressratio", if parsable { format!("{r:.2}") } else { format!("{r:.2}x") }, "-".into());
     push("used", size("used"), "-".into());
@@ -196,7 +182,7 @@ pub fn property_rows(path: &Path, report: &Value, parsable: bool) -> Vec<Row> {
 /// The engine's counters as read-only `engine.*` properties of a mount (they cover the whole
 /// mount, whichever path is asked about).
 pub fn engine_rows(snapshot: &Value, parsable: bool) -> Vec<(String, String)> {
-    let size = |n: u64| if parsable { n.to_string() } else { human(n) };
+    let size = |n: u64| size(n, parsable);
     let mut rows = Vec::new();
     let states: Vec<String> = snapshot["backends"]
         .as_array()

@@ -6,6 +6,11 @@ use super::error::check;
 use super::inodes::{Content, Node};
 use super::lower::{self, cstr};
 use super::{Attr, Caller, DenseFs, FsError, FsResult, Handle};
+use std::ffi::OsStr;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::FileExt;
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
 
 impl Content {
     /// Names the lower file still has (0: unlinked, reachable only through open handles).
@@ -26,11 +31,6 @@ impl Content {
         }
     }
 }
-use std::ffi::OsStr;
-use std::os::fd::AsRawFd;
-use std::os::unix::fs::FileExt;
-use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 #[derive(Clone, Copy, Debug)]
 pub enum SetTime {

@@ -37,6 +37,14 @@ pub fn reopen(path_fd: RawFd, flags: libc::c_int) -> io::Result<File> {
     Ok(unsafe { File::from_raw_fd(fd) })
 }
 
+/// The (device, inode number) of `name` in directory `dir`, without following a symlink; `None`
+/// if it cannot be stat'ed.
+pub fn id_at(dir: RawFd, name: &std::ffi::CStr) -> Option<(u64, u64)> {
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    let found = unsafe { libc::fstatat(dir, name.as_ptr(), &mut st, libc::AT_SYMLINK_NOFOLLOW) } == 0;
+    found.then_some((st.st_dev, st.st_ino))
+}
+
 pub fn stat_fd(fd: RawFd) -> io::Result<libc::stat> {
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
     check(unsafe { libc::fstatat(fd, c"".as_ptr(), &mut st, libc::AT_EMPTY_PATH | libc::AT_SYMLINK_NOFOLLOW) })?;

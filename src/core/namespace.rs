@@ -2,7 +2,7 @@
 
 use super::error::check;
 use super::lower::{self, cstr};
-use super::{Attr, Caller, DenseFs, DirEntry, FsError, FsResult, Handle, Kind, Node};
+use super::{Attr, Caller, DenseFs, DirEntry, FsError, FsResult, Handle, Kind};
 use std::ffi::OsStr;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
@@ -100,11 +100,10 @@ impl DenseFs {
         hidden(name, libc::ENOENT)?;
         let dir = self.inode(parent)?;
         let c = cstr(name)?;
-        let mut st: libc::stat = unsafe { std::mem::zeroed() };
-        let known = unsafe { libc::fstatat(dir.raw_fd(), c.as_ptr(), &mut st, libc::AT_SYMLINK_NOFOLLOW) } == 0;
+        let unlinked = lower::id_at(dir.raw_fd(), &c);
         check(unsafe { libc::unlinkat(dir.raw_fd(), c.as_ptr(), 0) })?;
-        if known {
-            self.let_go_if_unlinked(st.st_dev, st.st_ino);
+        if let Some((dev, ino)) = unlinked {
+            self.let_go_if_unlinked(dev, ino);
         }
         Ok(())
     }
@@ -124,13 +123,8 @@ impl DenseFs {
         let to = self.inode(new_parent)?;
         let a = cstr(name)?;
         let b = cstr(new_name)?;
-        let stat_at = |dir: &Node, name: &std::ffi::CStr| {
-            let mut st: libc::stat = unsafe { std::mem::zeroed() };
-            let r = unsafe { libc::fstatat(dir.raw_fd(), name.as_ptr(), &mut st, libc::AT_SYMLINK_NOFOLLOW) };
-            (r == 0).then_some((st.st_dev, st.st_ino))
-        };
-        let moving = stat_at(&from, &a);
-        let displaced = stat_at(&to, &b);
+        let moving = lower::id_at(from.raw_fd(), &a);
+        let displaced = lower::id_at(to.raw_fd(), &b);
         let ret = unsafe { libc::syscall(libc::SYS_renameat2, from.raw_fd(), a.as_ptr(), to.raw_fd(), b.as_ptr(), flags) as libc::c_int };
         check(ret)?;
         // Keep the inode table's idea of where things live (it reopens evicted inodes by name).

@@ -64,9 +64,7 @@ impl DenseFs {
             .filter(|n| !n.as_encoded_bytes().contains(&b'/') && n != "." && n != ".." && !n.is_empty())
             .find(|n| {
                 let Ok(c) = cstr(n) else { return false };
-                let mut st: libc::stat = unsafe { std::mem::zeroed() };
-                let found = unsafe { libc::fstatat(dir.raw_fd(), c.as_ptr(), &mut st, libc::AT_SYMLINK_NOFOLLOW) } == 0;
-                found && (st.st_dev, st.st_ino) == node.lower_id()
+                lower::id_at(dir.raw_fd(), &c) == Some(node.lower_id())
             })
             .ok_or_else(|| FsError::new(libc::ESTALE, "cannot tell the file's name; run again"))?;
         let tmp_name = OsString::from(format!(".densefs.recompress.{nodeid}"));

@@ -160,6 +160,12 @@ impl StoreState {
     }
 }
 
+/// The lower file's modification time, as futimens takes it.
+fn mtime_of(meta: &std::fs::Metadata) -> libc::timespec {
+    use std::os::unix::fs::MetadataExt;
+    libc::timespec { tv_sec: meta.mtime(), tv_nsec: meta.mtime_nsec() }
+}
+
 /// Groups whose regions the lower file reaches (what healing may have to visit).
 fn groups_in(lower_len: u64, layout: Layout) -> u64 {
     if lower_len == 0 {
@@ -184,7 +190,6 @@ impl Store {
 
     /// The store of a container whose header is `header`, and its state for this run.
     pub fn open(lower: File, header: &Header, label: String) -> std::io::Result<(Store, StoreState)> {
-        use std::os::unix::fs::MetadataExt;
         let meta = lower.metadata()?;
         let state = StoreState {
             size: header.size,
@@ -204,7 +209,7 @@ impl Store {
             wrote: false,
             checked_size: 0,
             header_on_disk: true,
-            mtime: libc::timespec { tv_sec: meta.mtime(), tv_nsec: meta.mtime_nsec() },
+            mtime: mtime_of(&meta),
             ctime: None,
             mtime_to_restore: false,
         };
@@ -241,9 +246,7 @@ impl Store {
 
     /// The user set the lower's times (utimensat): take them as the file's own.
     pub fn times_set_by_user(&self, st: &mut StoreState) -> FsResult<()> {
-        use std::os::unix::fs::MetadataExt;
-        let meta = self.lower.metadata()?;
-        st.mtime = libc::timespec { tv_sec: meta.mtime(), tv_nsec: meta.mtime_nsec() };
+        st.mtime = mtime_of(&self.lower.metadata()?);
         st.ctime = None;
         st.mtime_to_restore = false;
         Ok(())

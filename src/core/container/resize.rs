@@ -2,6 +2,7 @@
 
 use super::{Container, State};
 use crate::core::error::{FsError, FsResult};
+use crate::format::layout::GROUP_RECORDS;
 use std::sync::Arc;
 
 impl Container {
@@ -96,10 +97,10 @@ impl Container {
             let group = layout.record_to_group(record);
             let Some(found) = self.store.next_stored_group(group)? else { break };
             if found > group {
-                record = found * crate::format::layout::GROUP_RECORDS;
+                record = found * GROUP_RECORDS;
                 continue;
             }
-            let group_end = ((group + 1) * crate::format::layout::GROUP_RECORDS).min(limit);
+            let group_end = ((group + 1) * GROUP_RECORDS).min(limit);
             for r in record..group_end {
                 if self.store.stored_data(&mut st.store, r)? {
                     return Ok(Some(r));
