@@ -297,3 +297,26 @@ fn without_syslog_the_daemon_logs_to_a_file_and_says_where() {
     let log = std::fs::read_to_string(d.root.path().join("varlog/densefs").join(&name)).unwrap();
     assert!(log.contains("mounted") && log.contains("unmounted"), "{log}");
 }
+
+#[test]
+fn list_names_a_mount_whose_daemon_is_gone_and_lists_the_others() {
+    let live_dirs = Dirs::new();
+    let dead_dirs = Dirs::new();
+    let live = Mount::new(&live_dirs.lower, &live_dirs.mnt, "");
+    let mut dead = Mount::new(&dead_dirs.lower, &dead_dirs.mnt, "");
+    // SIGKILL without detaching: the mount point stays, answering ENOTCONN.
+    let mut child = dead.child.take().unwrap();
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let out = densefs(&["list", "-H"]);
+    let detach = || Command::new("fusermount3").args(["-u", "-z"]).arg(&dead_dirs.mnt).status();
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    detach().unwrap();
+    assert!(stdout.lines().any(|l| l.starts_with(&format!("{}\t", live_dirs.mnt.display()))), "{stdout}");
+    assert!(!stdout.contains(dead_dirs.mnt.to_str().unwrap()), "{stdout}");
+    assert!(stderr.contains(&format!("{}: its densefs daemon is gone", dead_dirs.mnt.display())), "{stderr}");
+    assert!(stderr.contains("umount -l"), "{stderr}");
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    drop(dead);
+    live.unmount();
+}

@@ -17,6 +17,10 @@ fn c_path(p: &Path) -> std::io::Result<CString> {
 pub fn os_error(path: &Path, what: &str, e: std::io::Error) -> String {
     match e.raw_os_error() {
         Some(libc::ENOTSUP) | Some(libc::ENODATA) => format!("{}: not on a densefs mount", path.display()),
+        Some(libc::ENOTCONN) => {
+            let at = mountpoint_of(path).unwrap_or_else(|| path.to_path_buf());
+            format!("{}: its densefs daemon is gone (detach the mount with `umount -l {}`)", path.display(), at.display())
+        }
         _ => format!("{}: {what}: {e}", path.display()),
     }
 }

@@ -94,8 +94,18 @@ pub fn list(recursive: bool, scripted: bool, parsable: bool, json: bool, paths: 
     let paths = if paths.is_empty() { densefs_mounts() } else { paths };
     let mut rows = Vec::new();
     let mut out = Vec::new();
+    // Like ls: a mount that cannot be asked (a daemon killed under it) is named on stderr, the
+    // others are still listed, and the exit status says something was missing.
+    let mut unanswered = 0;
     for path in &paths {
-        let report = client::report(path, if recursive { Control::DATASETS } else { Control::REPORT })?;
+        let report = match client::report(path, if recursive { Control::DATASETS } else { Control::REPORT }) {
+            Ok(report) => report,
+            Err(e) => {
+                eprintln!("densefs: {e}");
+                unanswered += 1;
+                continue;
+            }
+        };
         let mount = mountpoint_of(path);
         let compression_of = |p: &Path| -> String {
             client::report(p, Control::PROPERTIES)
@@ -133,7 +143,10 @@ pub fn list(recursive: bool, scripted: bool, parsable: bool, json: bool, paths: 
     } else {
         print_table(&["NAME", "USED", "LOGICAL", "RATIO", "COMPRESSION"], &rows, scripted);
     }
-    Ok(())
+    match unanswered {
+        0 => Ok(()),
+        n => Err(format!("{n} of {} paths could not be listed", paths.len())),
+    }
 }
 
 pub struct Row {
