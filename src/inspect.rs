@@ -2,7 +2,7 @@
 //! report) and a scrub that verifies every record's checksum and decoding. Works on any lower
 //! file, mounted or not; it only reads.
 
-use crate::codec::{Codec, Compression};
+use crate::codec::{Codec, Compression, Setting};
 use crate::core::store::Store;
 use crate::format::layout::GROUP_RECORDS;
 use crate::format::{newest_first, FormatError, Header, SlotState};
@@ -72,8 +72,7 @@ pub fn inspect(file: &File, verify: bool) -> io::Result<FileStats> {
     stats.container = true;
     stats.logical_size = header.size;
     stats.record_size = Some(header.layout.record_size());
-    let file_setting = Compression { codec: header.codec, level: header.level as i32 };
-    stats.compression = Some(file_setting.to_string());
+    stats.compression = Some(header.setting.to_string());
     let layout = header.layout;
     // Tables and slots are read as the container reads them (not healed: what is on the disk).
     let store = Store::reader(file.try_clone()?, layout, header.checksum, String::new());
@@ -116,7 +115,7 @@ pub fn inspect(file: &File, verify: bool) -> io::Result<FileStats> {
         let key = if d.is_hole() {
             "hole".to_string()
         } else if d.codec() == Codec::Off {
-            if file_setting.codec != Codec::Off {
+            if header.setting != Setting::Fixed(Compression::OFF) {
                 stats.raw_low_savings += 1;
             }
             "raw".to_string()
@@ -178,8 +177,7 @@ mod tests {
         let header = Header {
             layout: crate::format::Layout::from_shift(12).unwrap(),
             checksum: crate::checksum::ChecksumKind::Crc32c,
-            codec: Codec::Lz4,
-            level: 0,
+            setting: crate::codec::Setting::LZ4,
             size: 1 << 60,
             sequence: 1,
             durable_below: 0,

@@ -19,15 +19,7 @@ pub fn engine(
     use crate::engine::bench::{self, BenchOptions, BenchRow};
     let compressions = compression
         .iter()
-        .map(|c| {
-            crate::codec::Compression::parse(c).and_then(|c| {
-                if c.codec == crate::codec::Codec::Auto {
-                    Err("auto is not a codec to measure".into())
-                } else {
-                    Ok(c)
-                }
-            })
-        })
+        .map(|c| crate::codec::Compression::parse(c).map_err(|e| if c == "auto" { "auto is not a codec to measure".into() } else { e }))
         .collect::<Result<Vec<_>, _>>()?;
     let record_size = crate::core::props::parse_recordsize(recordsize)?.record_size() as usize;
     let cpu_threads = threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()));

@@ -15,8 +15,11 @@
 mod deflate;
 mod lz4;
 mod lzjb;
+mod setting;
 mod zle;
 mod zstd;
+
+pub use setting::{setting_names, Setting};
 
 use std::fmt;
 
@@ -36,9 +39,6 @@ pub enum Codec {
     Lzjb = 4,
     /// ZFS zero-length encoding.
     Zle = 5,
-    /// Not a stream format: a *setting* that lets the engine pick a codec per record (like ZFS's
-    /// `on` / `inherit` rows). Allowed in a file header, never in a record descriptor.
-    Auto = 255,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -191,52 +191,37 @@ pub static CODECS: [CodecInfo; 6] = [
     },
 ];
 
-/// The name of the per-record setting ([`Codec::Auto`]), which is not a row.
-pub const AUTO_NAME: &str = "auto";
-
 impl Codec {
     pub fn from_id(id: u8) -> Result<Codec, CodecError> {
         CODECS.get(id as usize).map(|row| row.codec).ok_or(CodecError::UnknownCodec(id))
     }
 
-    /// The header's "codec new records get" byte: a codec id or [`Codec::Auto`].
-    pub fn from_setting_id(id: u8) -> Result<Codec, CodecError> {
-        if id == Codec::Auto as u8 {
-            Ok(Codec::Auto)
-        } else {
-            Codec::from_id(id)
-        }
-    }
-
-    /// The codec's row; `None` for [`Codec::Auto`], a setting the engine resolves per record.
-    pub fn row(self) -> Option<&'static CodecInfo> {
-        CODECS.get(self as usize)
+    /// The codec's row (the table is indexed by id, so every variant has one).
+    pub fn row(self) -> &'static CodecInfo {
+        &CODECS[self as usize]
     }
 
     pub fn name(self) -> &'static str {
-        self.row().map_or(AUTO_NAME, |r| r.name)
+        self.row().name
     }
 
-    /// Cheap enough that probing first would cost as much as compressing (`auto`: no).
+    /// Cheap enough that probing first would cost as much as compressing.
     pub fn is_fast(self) -> bool {
-        self.row().is_some_and(|r| r.fast)
+        self.row().fast
     }
 
-    /// Compresses with this codec; `auto` is no stream format and compresses nothing (`None`:
-    /// the record would be stored raw), so a setting that slipped through unresolved is safe.
     pub fn compress(self, src: &[u8], dst: &mut [u8], level: i32) -> Option<usize> {
-        (self.row()?.compress)(src, dst, level)
+        (self.row().compress)(src, dst, level)
     }
 
-    /// Decodes a stream of this codec; `auto` never names a stream, so it is an error.
     pub fn decompress(self, src: &[u8], dst: &mut [u8]) -> Result<(), CodecError> {
-        (self.row().ok_or(CodecError::UnknownCodec(self as u8))?.decompress)(src, dst)
+        (self.row().decompress)(src, dst)
     }
 }
 
 /// Every spelling [`Compression::parse`] accepts, for error messages and help:
-/// `off, on, lz4, gzip, gzip-1..9, zstd, zstd-1..19, zstd-fast-1..10, lzjb, zle or auto`.
-pub fn setting_names() -> String {
+/// `off, on, lz4, gzip, gzip-1..9, zstd, zstd-1..19, zstd-fast-1..10, lzjb, zle`.
+pub fn codec_names() -> String {
     let mut names = Vec::new();
     for row in &CODECS {
         names.extend(row.aliases.iter().map(|a| a.to_string()));
@@ -248,11 +233,11 @@ pub fn setting_names() -> String {
             }
         }
     }
-    format!("{} or {AUTO_NAME}", names.join(", "))
+    names.join(", ")
 }
 
-/// A compression setting: a codec and its level, as a user names it. The codec may be
-/// [`Codec::Auto`] (the engine picks one per record: [`Compression::is_auto`]).
+/// A codec and its level, as a user names it (`gzip-9`). What a record was compressed with;
+/// what a dataset asks for is a [`Setting`], which may also be `auto`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Compression {
     pub codec: Codec,
@@ -263,19 +248,10 @@ pub struct Compression {
 impl Compression {
     pub const OFF: Compression = Compression { codec: Codec::Off, level: 0 };
     pub const LZ4: Compression = Compression { codec: Codec::Lz4, level: 0 };
-    pub const AUTO: Compression = Compression { codec: Codec::Auto, level: 0 };
 
-    /// Whether this is `auto`, not a codec: resolve it (engine::policy::choose_auto) before use.
-    pub fn is_auto(&self) -> bool {
-        self.codec == Codec::Auto
-    }
-
-    /// Parses ZFS's spelling from the rows of [`CODECS`] (see [`setting_names`]), and `auto`.
+    /// Parses ZFS's spelling from the rows of [`CODECS`] (see [`codec_names`]).
     pub fn parse(name: &str) -> Result<Compression, String> {
-        let bad = || format!("unknown compression '{name}' (expected {})", setting_names());
-        if name == AUTO_NAME {
-            return Ok(Compression::AUTO);
-        }
+        let bad = || format!("unknown compression '{name}' (expected {})", codec_names());
         // Digits as written by Display: no sign, no leading zero.
         let level_in = |digits: &str, lo: i32, hi: i32| -> Option<i32> {
             digits.parse::<i32>().ok().filter(|n| (lo..=hi).contains(n) && !digits.starts_with(['+', '0']))
@@ -297,10 +273,11 @@ impl Compression {
 
 impl fmt::Display for Compression {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.codec.row() {
-            Some(row) if row.levels.is_some() && self.level < 0 => write!(f, "{}-fast-{}", row.name, -self.level),
-            Some(row) if row.levels.is_some() => write!(f, "{}-{}", row.name, self.level),
-            _ => f.write_str(self.codec.name()),
+        let row = self.codec.row();
+        match row.levels {
+            Some(_) if self.level < 0 => write!(f, "{}-fast-{}", row.name, -self.level),
+            Some(_) => write!(f, "{}-{}", row.name, self.level),
+            None => f.write_str(row.name),
         }
     }
 }

@@ -26,7 +26,7 @@ use super::lower;
 use super::memory::Memory;
 use super::store::{Store, StoreState};
 use crate::checksum::ChecksumKind;
-use crate::codec::Compression;
+use crate::codec::Setting;
 use crate::engine::{CompressRequest, DecompressRequest, Engine, EngineError, Job, Output, RecordPolicy, Work};
 use crate::format::durability::Epochs;
 use crate::format::{newest_first, Descriptor, Header, Layout};
@@ -44,7 +44,7 @@ const INFLIGHT_LIMIT: usize = 64 << 20;
 /// What new container files are created with.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct CreateSettings {
-    pub compression: Compression,
+    pub compression: Setting,
     pub layout: Layout,
     pub checksum: ChecksumKind,
 }
@@ -106,8 +106,7 @@ impl Container {
         let header = Header {
             layout: settings.layout,
             checksum: settings.checksum,
-            codec: settings.compression.codec,
-            level: settings.compression.level as i8,
+            setting: settings.compression,
             size: 0,
             sequence: 0,
             durable_below: Epochs::NEW_FILE_DURABLE_BELOW,
@@ -197,7 +196,7 @@ impl Container {
         self.store.layout()
     }
 
-    pub fn compression(&self) -> Compression {
+    pub fn compression(&self) -> Setting {
         self.state.lock().store.compression
     }
 

@@ -21,7 +21,7 @@ pub mod store;
 mod xattr;
 
 use crate::checksum::ChecksumKind;
-use crate::codec::Compression;
+use crate::codec::Setting;
 use crate::engine::{Engine, MinSavings, Offload, RecordPolicy};
 use crate::format::Layout;
 use container::{Container, CreateSettings};
@@ -40,7 +40,7 @@ pub use report::{Effective, ReportKind, Source};
 /// What the mount was asked for; applies to files created from now on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Options {
-    pub compression: Compression,
+    pub compression: Setting,
     pub layout: Layout,
     pub checksum: ChecksumKind,
     pub min_savings: MinSavings,
@@ -60,7 +60,7 @@ impl Options {
 impl Default for Options {
     fn default() -> Options {
         Options {
-            compression: Compression::LZ4,
+            compression: Setting::LZ4,
             layout: Layout::new(128 * 1024).expect("BUG: 128K is a valid record size"),
             checksum: ChecksumKind::Crc32c,
             min_savings: MinSavings::ZFS,

@@ -9,7 +9,7 @@ use super::error::{check, FsError, FsResult};
 use super::lower::{self, cstr};
 use super::Options;
 use crate::checksum::ChecksumKind;
-use crate::codec::Compression;
+use crate::codec::Setting;
 use crate::engine::{MinSavings, Offload};
 use crate::format::Layout;
 use std::ffi::OsStr;
@@ -23,7 +23,7 @@ pub const PROPS_FILE: &str = ".densefs.props";
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct LocalProps {
-    pub compression: Option<Compression>,
+    pub compression: Option<Setting>,
     pub recordsize: Option<Layout>,
     pub min_savings: Option<MinSavings>,
     pub checksum: Option<ChecksumKind>,
@@ -90,7 +90,7 @@ macro_rules! property {
 /// root's), and a row here with its parser and printer; whatever reads the option uses it. The
 /// CLI, the xattrs, storage, mount options, inheritance and recompress need no change.
 pub const PROPERTIES: [Property; 5] = [
-    property!("compression", compression, compression, Compression::parse, |c: &Compression| c.to_string()),
+    property!("compression", compression, compression, Setting::parse, |c: &Setting| c.to_string()),
     property!("recordsize", recordsize, layout, parse_recordsize, |l: &Layout| format_recordsize(*l)),
     property!("min_savings", min_savings, min_savings, MinSavings::parse, |m: &MinSavings| m.to_string()),
     property!("checksum", checksum, checksum, ChecksumKind::parse, |c: &ChecksumKind| c.name().to_string()),

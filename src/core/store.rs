@@ -11,7 +11,7 @@
 use super::error::{FsError, FsResult};
 use super::lower;
 use crate::checksum::ChecksumKind;
-use crate::codec::Compression;
+use crate::codec::Setting;
 use crate::format::durability::Epochs;
 use crate::format::layout::{GROUP_RECORDS, HEADER_BLOCK, TABLE_SIZE};
 use crate::format::{decode_table, newest_first, Descriptor, FormatError, Header, Layout, Pair, SlotState};
@@ -38,7 +38,7 @@ pub struct StoreState {
     /// The logical size (what the next header records).
     pub size: u64,
     /// How records written from now on are encoded (recorded in the header).
-    pub compression: Compression,
+    pub compression: Setting,
     header_seq: u64,
     persisted_size: u64,
     /// The header must be rewritten even if the size did not change (the codec did).
@@ -193,7 +193,7 @@ impl Store {
         let meta = lower.metadata()?;
         let state = StoreState {
             size: header.size,
-            compression: Compression { codec: header.codec, level: header.level as i32 },
+            compression: header.setting,
             header_seq: header.sequence,
             persisted_size: header.size,
             header_stale: false,
@@ -460,8 +460,7 @@ impl Store {
         let header = Header {
             layout: self.layout,
             checksum: self.checksum,
-            codec: st.compression.codec,
-            level: st.compression.level as i8,
+            setting: st.compression,
             size,
             sequence,
             durable_below: st.epochs.durable_below,

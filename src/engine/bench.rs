@@ -110,7 +110,7 @@ fn compress_all(engine: &Engine, records: &[Arc<Vec<u8>>], compression: Compress
             Job {
                 work: Work::Compress(CompressRequest {
                     data: data.clone(),
-                    compression,
+                    compression: compression.into(),
                     min_savings: MinSavings::ZFS,
                     checksum: ChecksumKind::Crc32c,
                     offload,

@@ -211,7 +211,7 @@ impl Device for FaultyDevice {
             DeviceOp::Compress(c) => c.codec,
             DeviceOp::Decompress { codec, .. } => *codec,
         };
-        codec.row().is_some_and(|row| row.runs_on(self.name()))
+        codec.row().runs_on(self.name())
     }
 
     fn worth_it(&self, _: Compression) -> bool {

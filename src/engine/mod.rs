@@ -25,7 +25,7 @@ pub mod policy;
 pub mod stats;
 
 use crate::checksum::ChecksumKind;
-use crate::codec::{Codec, CodecError, Compression};
+use crate::codec::{Codec, CodecError, Setting};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -179,8 +179,8 @@ pub fn detect_devices(config: &mut EngineConfig) -> Result<Detected, String> {
 #[derive(Clone)]
 pub struct CompressRequest {
     pub data: Arc<Vec<u8>>,
-    /// May be [`Compression::AUTO`]: the engine picks per record.
-    pub compression: Compression,
+    /// May be [`Setting::Auto`]: the engine picks per record.
+    pub compression: Setting,
     pub min_savings: MinSavings,
     pub checksum: ChecksumKind,
     pub offload: Offload,
@@ -422,14 +422,15 @@ impl Inner {
     fn compress_here(&self, req: &CompressRequest) -> Encoded {
         let start = Instant::now();
         let data = req.data.as_slice();
-        let compression = if req.compression.is_auto() {
-            let backlog = self.cpu.waiting() as f32 / self.cpu.threads() as f32;
-            let chosen =
-                policy::choose_auto(policy::sample_entropy(data), req.min_savings, policy::AutoTarget::Cpu { backlog_per_worker: backlog });
-            self.stats.auto_chose(chosen.codec);
-            chosen
-        } else {
-            req.compression
+        let compression = match req.compression {
+            Setting::Fixed(c) => c,
+            Setting::Auto => {
+                let backlog = self.cpu.waiting() as f32 / self.cpu.threads() as f32;
+                let target = policy::AutoTarget::Cpu { backlog_per_worker: backlog };
+                let chosen = policy::choose_auto(policy::sample_entropy(data), req.min_savings, target);
+                self.stats.auto_chose(chosen.codec);
+                chosen
+            }
         };
         let (encoded, outcome) = policy::encode_record(data, compression, req.min_savings, req.checksum, self.config.precheck);
         let elapsed = start.elapsed();

@@ -15,7 +15,7 @@ use super::device::{Device, DeviceError, DeviceJob, DeviceOp};
 use super::policy::{self, AutoTarget};
 use super::stats::{Fallback, Outcome};
 use super::{CompressRequest, Done, Encoded, Inner, Offload, Output};
-use crate::codec::{Codec, Compression};
+use crate::codec::{Compression, Setting};
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -140,12 +140,15 @@ impl Inner {
         if data.len() < min || data.len() > max {
             return Route::Cpu(Some(Fallback::Size));
         }
-        if req.compression.codec == Codec::Off || policy::is_all_zero(data) {
+        if req.compression == Setting::Fixed(Compression::OFF) || policy::is_all_zero(data) {
             return Route::Cpu(None); // nothing to compress
         }
         let entropy = policy::sample_entropy(data);
-        let auto = req.compression.is_auto();
-        let compression = if auto { policy::choose_auto(entropy, req.min_savings, AutoTarget::Accelerator) } else { req.compression };
+        let auto = req.compression == Setting::Auto;
+        let compression = match req.compression {
+            Setting::Fixed(c) => c,
+            Setting::Auto => policy::choose_auto(entropy, req.min_savings, AutoTarget::Accelerator),
+        };
         let mut why = Fallback::Unsupported;
         for d in candidates {
             let offloader = &self.devices[d];

@@ -53,7 +53,7 @@ pub(super) fn random(len: usize, seed: u64) -> Vec<u8> {
 fn request(data: Arc<Vec<u8>>, compression: &str, offload: Offload) -> CompressRequest {
     CompressRequest {
         data,
-        compression: Compression::parse(compression).unwrap(),
+        compression: crate::codec::Setting::parse(compression).unwrap(),
         min_savings: MinSavings::ZFS,
         checksum: ChecksumKind::Crc32c,
         offload,
@@ -251,7 +251,7 @@ fn precheck_skips_random_data_and_keeps_every_ratio_on_compressible_data() {
     mixed.push((0..128u32 << 10).map(|i| (i % 251) as u8).collect());
     for setting in ["gzip-6", "zstd-3", "zstd-19"] {
         for d in &mixed {
-            let c = Compression::parse(setting).unwrap();
+            let c = crate::codec::Compression::parse(setting).unwrap();
             let with = policy::encode_record(d, c, MinSavings::ZFS, ChecksumKind::Crc32c, true).0;
             let without = policy::encode_record(d, c, MinSavings::ZFS, ChecksumKind::Crc32c, false).0;
             assert_eq!(with, without, "{setting}: the pre-check changed what is stored");

@@ -145,15 +145,13 @@ pub enum Reclaim {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::codec::Codec;
     use crate::format::{Descriptor, Layout};
 
     fn header(durable_below: u64, heal_from: u64) -> Header {
         Header {
             layout: Layout::from_shift(12).unwrap(),
             checksum: crate::checksum::ChecksumKind::Crc32c,
-            codec: Codec::Lz4,
-            level: 0,
+            setting: crate::codec::Setting::LZ4,
             size: 0,
             sequence: 1,
             durable_below,

@@ -36,7 +36,7 @@ pub mod layout;
 pub mod record;
 
 pub use crate::checksum::ChecksumKind;
-use crate::codec::{Codec, CodecError};
+use crate::codec::{Codec, CodecError, Setting};
 pub use layout::{Layout, Piece};
 use layout::{GROUP0_TABLE_OFF, MAX_RECORD_SHIFT, TABLE_SIZE};
 
@@ -100,8 +100,8 @@ fn le_u64(b: &[u8], at: usize) -> u64 {
 pub struct Header {
     pub layout: Layout,
     pub checksum: ChecksumKind,
-    pub codec: Codec,
-    pub level: i8,
+    /// What new records get (docs/FORMAT.md: a codec id and level, or 255 for `auto`).
+    pub setting: Setting,
     pub size: u64,
     pub sequence: u64,
     /// Sync epochs (docs/FORMAT.md, "Epochs"): copies with an epoch below `durable_below` were
@@ -118,8 +118,9 @@ impl Header {
         b[8..10].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
         b[10] = self.layout.record_shift();
         b[11] = self.checksum as u8;
-        b[12] = self.codec as u8;
-        b[13] = self.level as u8;
+        let (codec_id, level) = self.setting.to_header();
+        b[12] = codec_id;
+        b[13] = level as u8;
         b[16..24].copy_from_slice(&self.size.to_le_bytes());
         b[24..32].copy_from_slice(&self.sequence.to_le_bytes());
         b[32..40].copy_from_slice(&self.durable_below.to_le_bytes());
@@ -153,8 +154,7 @@ impl Header {
             Ok(Header {
                 layout: Layout::from_shift(b[10]).ok_or(FormatError::BadField("record size"))?,
                 checksum: ChecksumKind::from_id(b[11]).ok_or(FormatError::BadField("checksum kind"))?,
-                codec: Codec::from_setting_id(b[12]).map_err(|_| FormatError::BadField("codec"))?,
-                level: b[13] as i8,
+                setting: Setting::from_header(b[12], b[13] as i8).map_err(|_| FormatError::BadField("codec"))?,
                 size: le_u64(b, 16),
                 sequence: le_u64(b, 24),
                 durable_below: le_u64(b, 32),
@@ -340,8 +340,7 @@ mod tests {
         Header {
             layout: Layout::new(128 * 1024).unwrap(),
             checksum: ChecksumKind::Crc32c,
-            codec: Codec::Zstd,
-            level: -3,
+            setting: Setting::Fixed(crate::codec::Compression { codec: Codec::Zstd, level: -3 }),
             durable_below: 4,
             heal_from: 2,
             size: 123_456_789,

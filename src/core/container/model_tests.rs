@@ -15,7 +15,7 @@
 
 use super::{Container, CreateSettings};
 use crate::checksum::ChecksumKind;
-use crate::codec::Compression;
+use crate::codec::Setting;
 use crate::core::memory::Memory;
 use crate::engine::{Engine, MinSavings, Offload, RecordPolicy};
 use crate::format::Layout;
@@ -152,7 +152,7 @@ fn run_seed(name: &str, seed: u64) {
     let record_size = [4096u64, 16384][rng.below(2) as usize];
     let compression = ["lz4", "zstd-3", "off", "gzip-1"][rng.below(4) as usize];
     let settings = CreateSettings {
-        compression: Compression::parse(compression).unwrap(),
+        compression: Setting::parse(compression).unwrap(),
         layout: Layout::new(record_size).unwrap(),
         checksum: ChecksumKind::Crc32c,
     };

@@ -2,7 +2,7 @@
 //! land, and of making what landed durable.
 
 use super::{Container, State};
-use crate::codec::Compression;
+use crate::codec::Setting;
 use crate::core::error::FsResult;
 use crate::engine::RecordPolicy;
 use crate::format::layout::GROUP_RECORDS;
@@ -115,7 +115,7 @@ impl Container {
     /// Re-encodes every stored record with `compression` (ZFS's `zfs rewrite`). Each record takes
     /// the ordinary write path, so the file stays readable and writable meanwhile and a crash
     /// leaves every record at its old or its new encoding of the same bytes.
-    pub fn recompress(self: &Arc<Self>, compression: Compression, policy: RecordPolicy) -> FsResult<()> {
+    pub fn recompress(self: &Arc<Self>, compression: Setting, policy: RecordPolicy) -> FsResult<()> {
         {
             let mut st = self.state.lock();
             st.store.compression = compression;

@@ -84,7 +84,7 @@ impl Key {
             DeviceOp::Compress(_) => len,
             DeviceOp::Decompress { logical_len, .. } => logical_len,
         };
-        (codec.row().is_some_and(|r| r.runs_on("gpu")) && logical <= limit && len > 0).then_some(Key { compress, codec, algorithm })
+        (codec.row().runs_on("gpu") && logical <= limit && len > 0).then_some(Key { compress, codec, algorithm })
     }
 
     fn format(self, nv: &Nvcomp) -> &Format {

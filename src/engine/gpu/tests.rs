@@ -118,7 +118,7 @@ fn the_engine_offloads_to_the_gpu_with_every_policy() {
             Job {
                 work: Work::Compress(CompressRequest {
                     data: r.clone(),
-                    compression: Compression::parse("gzip-6").unwrap(),
+                    compression: Compression::parse("gzip-6").unwrap().into(),
                     min_savings: MinSavings::ZFS,
                     checksum: ChecksumKind::Crc32c,
                     offload: Offload::Only("gpu"),

@@ -1,0 +1,65 @@
+//! What a dataset or file asks for: one codec at one level, or `auto`, which lets the engine
+//! pick a codec per record (engine::policy::choose_auto). `auto` is a setting, not a codec: it
+//! names no stream format, so it has no row in [`CODECS`](super::CODECS) and can never reach a
+//! record descriptor.
+
+use super::{codec_names, Codec, CodecError, Compression};
+use std::fmt;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Setting {
+    Fixed(Compression),
+    Auto,
+}
+
+const AUTO_NAME: &str = "auto";
+
+/// The header's codec byte for `auto` (docs/FORMAT.md); outside the range of codec ids.
+const AUTO_ID: u8 = 255;
+
+impl Setting {
+    pub const LZ4: Setting = Setting::Fixed(Compression::LZ4);
+
+    /// `auto` or any spelling of [`Compression::parse`].
+    pub fn parse(name: &str) -> Result<Setting, String> {
+        if name == AUTO_NAME {
+            return Ok(Setting::Auto);
+        }
+        Compression::parse(name).map(Setting::Fixed).map_err(|_| format!("unknown compression '{name}' (expected {})", setting_names()))
+    }
+
+    /// The two header bytes that keep it: a codec id (or 255 for `auto`) and a level.
+    pub fn to_header(self) -> (u8, i8) {
+        match self {
+            Setting::Fixed(c) => (c.codec as u8, c.level as i8),
+            Setting::Auto => (AUTO_ID, 0),
+        }
+    }
+
+    pub fn from_header(id: u8, level: i8) -> Result<Setting, CodecError> {
+        match id {
+            AUTO_ID => Ok(Setting::Auto),
+            _ => Ok(Setting::Fixed(Compression { codec: Codec::from_id(id)?, level: i32::from(level) })),
+        }
+    }
+}
+
+impl From<Compression> for Setting {
+    fn from(c: Compression) -> Setting {
+        Setting::Fixed(c)
+    }
+}
+
+impl fmt::Display for Setting {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Setting::Fixed(c) => c.fmt(f),
+            Setting::Auto => f.write_str(AUTO_NAME),
+        }
+    }
+}
+
+/// Every spelling [`Setting::parse`] accepts, for error messages and help.
+pub fn setting_names() -> String {
+    format!("{} or {AUTO_NAME}", codec_names())
+}
