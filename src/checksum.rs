@@ -9,20 +9,24 @@ pub enum ChecksumKind {
 }
 
 impl ChecksumKind {
+    pub const ALL: [ChecksumKind; 2] = [ChecksumKind::Crc32c, ChecksumKind::Xxh3];
+
     pub fn from_id(id: u8) -> Option<ChecksumKind> {
-        match id {
-            1 => Some(ChecksumKind::Crc32c),
-            2 => Some(ChecksumKind::Xxh3),
-            _ => None,
-        }
+        ChecksumKind::ALL.into_iter().find(|k| *k as u8 == id)
     }
 
     pub fn parse(name: &str) -> Result<ChecksumKind, String> {
-        match name {
-            "crc32c" => Ok(ChecksumKind::Crc32c),
-            "xxh3" => Ok(ChecksumKind::Xxh3),
-            _ => Err(format!("unknown checksum '{name}' (expected crc32c or xxh3)")),
-        }
+        ChecksumKind::ALL
+            .into_iter()
+            .find(|k| k.name() == name)
+            .ok_or_else(|| format!("unknown checksum '{name}' (expected {})", ChecksumKind::names()))
+    }
+
+    /// `crc32c or xxh3`, for messages and help.
+    pub fn names() -> String {
+        let names: Vec<&str> = ChecksumKind::ALL.iter().map(|k| k.name()).collect();
+        let (last, rest) = names.split_last().expect("BUG: there are checksums");
+        format!("{} or {last}", rest.join(", "))
     }
 
     pub fn name(self) -> &'static str {

@@ -1,8 +1,7 @@
 //! The `densefs` command line (also run as `mount.densefs` and `mount.fuse.densefs` by mount(8)):
 //! parses and hands over to `densefs::cli`.
 
-use clap::Parser;
-use densefs::cli::{self, Cli};
+use densefs::cli;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -15,5 +14,5 @@ fn main() -> ExitCode {
     if argv0.as_deref().and_then(Path::file_name).is_some_and(|n| n == "mount.densefs" || n == "mount.fuse.densefs") {
         return cli::finish(cli::mount::mount_helper(std::env::args().skip(1).collect()));
     }
-    cli::run(Cli::parse())
+    cli::run(cli::parse())
 }

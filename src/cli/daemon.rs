@@ -22,7 +22,7 @@ const WRITEBACK_INTERVAL: std::time::Duration = std::time::Duration::from_secs(5
 fn build_engine(config: &MountConfig) -> Result<Engine, String> {
     let mut engine_config = config.engine.clone();
     let (devices, notes) = crate::engine::detect_devices(&mut engine_config)?;
-    if let Offload::Only(name) = config.options.offload {
+    if let Offload::Only(name) = config.options.properties.offload {
         if !devices.iter().any(|d| d.name() == name) {
             return Err(format!("offload={name}: no {name} backend available ({})", notes.join("; ")));
         }
@@ -173,8 +173,8 @@ pub(super) fn serve(
         "mounted {} on {} (compression={}, recordsize={}K)",
         lower.display(),
         mountpoint.display(),
-        config.options.compression,
-        config.options.layout.record_size() / 1024
+        config.options.properties.compression,
+        config.options.properties.layout.record_size() / 1024
     );
     if let Some(mut pipe) = ready.take() {
         let _ = pipe.write_all(b"ok");

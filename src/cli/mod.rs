@@ -21,7 +21,7 @@ pub mod output;
 pub mod props;
 pub mod recompress;
 
-use clap::{CommandFactory, Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -37,12 +37,12 @@ enum Command {
     /// Mount LOWER on MOUNTPOINT: files written through MOUNTPOINT are stored compressed in LOWER.
     ///
     /// Options (-o, comma-separated, repeatable):
-    ///   compression=ALG   off | on | lz4 | gzip | gzip-1..9 | zstd | zstd-1..19 | zstd-fast-1..10 | lzjb | zle
-    ///                     | auto (picked per record from the data and the load) (default lz4)
-    ///   recordsize=SIZE   power of two from 4K to 1M (default 128K)
-    ///   checksum=KIND     crc32c | xxh3 (default crc32c)
-    ///   min_savings=PCT   keep a compressed record only if it saves this much (default 12.5%)
-    ///   offload=WHERE     auto | cpu | gpu: where records are compressed (default auto: an
+    ///   compression=ALG   {codecs}
+    ///                     or auto (picked per record from the data and the load) (default {default:compression})
+    ///   recordsize=SIZE   power of two from 4K to 1M (default {default:recordsize})
+    ///   checksum=KIND     {checksums} (default {default:checksum})
+    ///   min_savings=PCT   keep a compressed record only if it saves this much (default {default:min_savings})
+    ///   offload=WHERE     {offload}: where records are compressed (default {default:offload}: an
     ///                     accelerator when present and worth it, the CPU alongside)
     ///   offload_min=SIZE, offload_max=SIZE   records outside go to the CPU (default 4K, 1M)
     ///   precheck=on|off   skip slow codecs on data that looks incompressible (default on)
@@ -70,7 +70,7 @@ enum Command {
     /// Unmount a densefs mount, waiting until everything is written back.
     Umount { mountpoint: PathBuf },
     /// Set properties on a directory: files created below it (until a deeper directory sets its
-    /// own) use them. Properties: compression, recordsize, min_savings, checksum, offload.
+    /// own) use them. Properties: {properties}.
     Set {
         /// PROPERTY=VALUE, e.g. compression=gzip-9
         #[arg(required = true, num_args = 1..)]
@@ -81,7 +81,7 @@ enum Command {
     Inherit { property: String, directory: PathBuf },
     /// Show properties and what compression did, like `zfs get`.
     ///
-    /// Properties: compression, recordsize, min_savings, checksum, offload (with SOURCE local, default or
+    /// Properties: {properties} (with SOURCE local, default or
     /// inherited from PATH), and read-only: compressratio (logicalused / used), used (bytes on
     /// the lower file system), logicalused (data stored, holes excluded), written (sizes as
     /// `ls -l` shows them), records_ALG (records by how they are stored; raw and hole too) and
@@ -209,6 +209,48 @@ enum BenchWhat {
     },
 }
 
+/// The clap tree, its help filled in from the tables (codecs, checksums, devices, properties
+/// and their defaults), so a new row shows up in `--help` without editing it.
+pub fn command() -> clap::Command {
+    let mut cmd = Cli::command();
+    let subcommands: Vec<String> = cmd.get_subcommands().map(|c| c.get_name().to_string()).collect();
+    for name in subcommands {
+        cmd = cmd.mut_subcommand(name, |sub| {
+            let about = sub.get_about().map(|a| fill_help(&a.to_string()));
+            let long_about = sub.get_long_about().map(|a| fill_help(&a.to_string()));
+            let sub = match about {
+                Some(a) => sub.about(a),
+                None => sub,
+            };
+            match long_about {
+                Some(a) => sub.long_about(a),
+                None => sub,
+            }
+        });
+    }
+    cmd
+}
+
+/// Parses this process's arguments (exits with clap's message on a bad command line).
+pub fn parse() -> Cli {
+    let matches = command().get_matches();
+    Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit())
+}
+
+/// Replaces `{codecs}`, `{checksums}`, `{offload}`, `{properties}` and `{default:PROPERTY}`.
+fn fill_help(text: &str) -> String {
+    let defaults = crate::core::props::PropertyValues::default();
+    let mut text = text
+        .replace("{codecs}", &crate::codec::codec_names())
+        .replace("{checksums}", &crate::checksum::ChecksumKind::names())
+        .replace("{offload}", &crate::engine::offload_names())
+        .replace("{properties}", &crate::core::props::SETTABLE.join(", "));
+    for p in &crate::core::props::PROPERTIES {
+        text = text.replace(&format!("{{default:{}}}", p.name), &(p.show)(&defaults));
+    }
+    text
+}
+
 /// Runs one parsed command line.
 pub fn run(cli: Cli) -> ExitCode {
     let result = match cli.command {
@@ -238,7 +280,7 @@ pub fn run(cli: Cli) -> ExitCode {
             bench::engine(&backend, &compression, &recordsize, threads, repeat, !no_precheck, size.as_deref(), json, &file)
         }
         Command::Completions { shell } => {
-            clap_complete::generate(shell, &mut Cli::command(), "densefs", &mut std::io::stdout());
+            clap_complete::generate(shell, &mut command(), "densefs", &mut std::io::stdout());
             Ok(())
         }
     };
@@ -260,4 +302,23 @@ pub fn finish(result: Result<(), String>) -> ExitCode {
 pub(crate) fn is_root() -> bool {
     // SAFETY: geteuid has no preconditions and cannot fail.
     unsafe { libc::geteuid() == 0 }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn help_lists_come_from_the_tables() {
+        let mut cmd = command();
+        let mount = cmd.find_subcommand_mut("mount").unwrap().render_long_help().to_string();
+        assert!(!mount.contains('{'), "a placeholder is left: {mount}");
+        assert!(mount.contains(&crate::codec::codec_names()), "{mount}");
+        assert!(mount.contains("(default lz4)") && mount.contains("(default 128K)") && mount.contains("(default crc32c)"), "{mount}");
+        assert!(mount.contains(&crate::engine::offload_names()), "{mount}");
+        for sub in ["set", "get"] {
+            let help = cmd.find_subcommand_mut(sub).unwrap().render_long_help().to_string();
+            assert!(help.contains(&crate::core::props::SETTABLE.join(", ")), "{help}");
+        }
+    }
 }

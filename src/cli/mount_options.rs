@@ -45,7 +45,7 @@ pub fn parse_mount_options(list: &str) -> Result<MountConfig, String> {
         };
         // Every property is a mount option too, setting the root's default (core/props.rs's table).
         if let Ok(property) = crate::core::props::property(if key == "compress" { "compression" } else { key }) {
-            property.parse_into(&need(value)?, &mut options)?;
+            property.parse_into(&need(value)?, &mut options.properties)?;
             continue;
         }
         match key {
@@ -113,10 +113,10 @@ mod tests {
     #[test]
     fn options_parse_and_bad_ones_are_explained() {
         let c = parse_mount_options("compression=zstd-3,recordsize=64K,checksum=xxh3,min_savings=20%,ro").unwrap();
-        assert_eq!(c.options.compression.to_string(), "zstd-3");
-        assert_eq!(c.options.layout.record_size(), 65536);
-        assert_eq!(c.options.checksum, ChecksumKind::Xxh3);
-        assert_eq!(c.options.min_savings, MinSavings(200));
+        assert_eq!(c.options.properties.compression.to_string(), "zstd-3");
+        assert_eq!(c.options.properties.layout.record_size(), 65536);
+        assert_eq!(c.options.properties.checksum, ChecksumKind::Xxh3);
+        assert_eq!(c.options.properties.min_savings, MinSavings(200));
         assert!(c.fuse_options.contains(&MountOption::RO));
         assert_eq!(parse_mount_options("").unwrap().options, Options::default());
         for bad in ["compression=lz5", "recordsize=3K", "recordsize=2M", "recordsize", "bogus", "threads=0"] {

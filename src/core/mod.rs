@@ -20,14 +20,12 @@ mod report;
 pub mod store;
 mod xattr;
 
-use crate::checksum::ChecksumKind;
-use crate::codec::Setting;
-use crate::engine::{Engine, MinSavings, Offload, RecordPolicy};
-use crate::format::Layout;
+use crate::engine::{Engine, RecordPolicy};
 use container::{Container, CreateSettings};
 pub use error::{FsError, FsResult};
 use inodes::{Content, Inode, InodeTable, Node};
 use parking_lot::Mutex;
+use props::PropertyValues;
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -40,34 +38,17 @@ pub use report::{Effective, ReportKind, Source};
 /// What the mount was asked for; applies to files created from now on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Options {
-    pub compression: Setting,
-    pub layout: Layout,
-    pub checksum: ChecksumKind,
-    pub min_savings: MinSavings,
-    pub offload: Offload,
+    /// The root directory's properties (`props::PROPERTIES`).
+    pub properties: PropertyValues,
     /// File data all open files may hold in memory (dirty, in flight, cached), in bytes.
     pub cache_size: usize,
     /// Reads leave the lower files' access times alone (`ro` and `noatime` mounts).
     pub noatime: bool,
 }
 
-impl Options {
-    pub fn record_policy(&self) -> RecordPolicy {
-        RecordPolicy { min_savings: self.min_savings, offload: self.offload }
-    }
-}
-
 impl Default for Options {
     fn default() -> Options {
-        Options {
-            compression: Setting::LZ4,
-            layout: Layout::new(128 * 1024).expect("BUG: 128K is a valid record size"),
-            checksum: ChecksumKind::Crc32c,
-            min_savings: MinSavings::ZFS,
-            offload: Offload::Auto,
-            cache_size: 256 << 20,
-            noatime: false,
-        }
+        Options { properties: PropertyValues::default(), cache_size: 256 << 20, noatime: false }
     }
 }
 
@@ -224,7 +205,7 @@ impl DenseFs {
         self.handles.lock().get(&fh).cloned().ok_or_else(|| FsError::new(libc::EBADF, format!("unknown handle {fh}")))
     }
 
-    fn create_settings(options: &Options) -> CreateSettings {
+    fn create_settings(options: &PropertyValues) -> CreateSettings {
         CreateSettings { compression: options.compression, layout: options.layout, checksum: options.checksum }
     }
 

@@ -7,7 +7,6 @@
 
 use super::error::{check, FsError, FsResult};
 use super::lower::{self, cstr};
-use super::Options;
 use crate::checksum::ChecksumKind;
 use crate::codec::Setting;
 use crate::engine::{MinSavings, Offload};
@@ -30,8 +29,38 @@ pub struct LocalProps {
     pub offload: Option<Offload>,
 }
 
+/// The value of every property: the mount's (its options, the root's defaults) or what is in
+/// effect in a directory, which files created there get.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PropertyValues {
+    pub compression: Setting,
+    pub layout: Layout,
+    pub checksum: ChecksumKind,
+    pub min_savings: MinSavings,
+    pub offload: Offload,
+}
+
+impl Default for PropertyValues {
+    /// The defaults of a mount without options.
+    fn default() -> PropertyValues {
+        PropertyValues {
+            compression: Setting::LZ4,
+            layout: Layout::new(128 * 1024).expect("BUG: 128K is a valid record size"),
+            checksum: ChecksumKind::Crc32c,
+            min_savings: MinSavings::ZFS,
+            offload: Offload::Auto,
+        }
+    }
+}
+
+impl PropertyValues {
+    pub fn record_policy(&self) -> crate::core::RecordPolicy {
+        crate::core::RecordPolicy { min_savings: self.min_savings, offload: self.offload }
+    }
+}
+
 /// One property: how its text is read and written, where a directory keeps it
-/// ([`LocalProps`]) and what it sets in the [`Options`] files are created with.
+/// ([`LocalProps`]) and what it sets in the [`PropertyValues`] files are created with.
 ///
 /// `set`/`get`/`inherit`, the `user.densefs.NAME` xattrs, the stored `name=value` lines, mount
 /// options, `effective()` (inheritance) and `recompress` all go through these rows; values pass
@@ -45,23 +74,23 @@ pub struct Property {
     /// The directory's own value, as text.
     pub local: fn(&LocalProps) -> Option<String>,
     /// The value in effect, as text.
-    pub show: fn(&Options) -> String,
-    /// Copies the directory's own value, if it has one, into `options`; false if it has none.
-    pub apply: fn(&LocalProps, &mut Options) -> bool,
+    pub show: fn(&PropertyValues) -> String,
+    /// Copies the directory's own value, if it has one, into `values`; false if it has none.
+    pub apply: fn(&LocalProps, &mut PropertyValues) -> bool,
 }
 
 impl Property {
-    /// Parses a value straight into `options` (mount options, recompress).
-    pub fn parse_into(&self, text: &str, options: &mut Options) -> Result<(), String> {
+    /// Parses a value straight into `values` (mount options, recompress).
+    pub fn parse_into(&self, text: &str, values: &mut PropertyValues) -> Result<(), String> {
         let mut local = LocalProps::default();
         (self.parse)(text, &mut local)?;
-        (self.apply)(&local, options);
+        (self.apply)(&local, values);
         Ok(())
     }
 }
 
 /// A row of [`PROPERTIES`]: the property's name, its field in [`LocalProps`] and in
-/// [`Options`], the parser and the printer of its values.
+/// [`PropertyValues`], the parser and the printer of its values.
 macro_rules! property {
     ($name:literal, $local:ident, $option:ident, $parse:expr, $show:expr) => {
         Property {
@@ -86,9 +115,10 @@ macro_rules! property {
 
 /// The property table; rows print in this order (`densefs get`, stored lines).
 ///
-/// Adding a property: a field in [`LocalProps`] and in `core::Options` (with its default, the
-/// root's), and a row here with its parser and printer; whatever reads the option uses it. The
-/// CLI, the xattrs, storage, mount options, inheritance and recompress need no change.
+/// Adding a property, all in this file: a field in [`LocalProps`] and in [`PropertyValues`] (with
+/// its default), and a row here with its parser and printer; then whatever reads the value uses
+/// it. The CLI and its help, the xattrs, storage, mount options, inheritance and recompress need
+/// no change.
 pub const PROPERTIES: [Property; 5] = [
     property!("compression", compression, compression, Setting::parse, |c: &Setting| c.to_string()),
     property!("recordsize", recordsize, layout, parse_recordsize, |l: &Layout| format_recordsize(*l)),
@@ -274,7 +304,7 @@ mod tests {
 
     #[test]
     fn every_property_round_trips_through_its_row_without_text_in_between() {
-        let defaults = Options::default();
+        let defaults = PropertyValues::default();
         for p in &PROPERTIES {
             // The default's text is a valid value that sets exactly this field, locally and
             // in options, and prints back the same.
@@ -283,13 +313,13 @@ mod tests {
             (p.parse)(&text, &mut local).unwrap();
             assert_eq!((p.local)(&local), Some(text.clone()), "{}", p.name);
             assert_eq!(LocalProps::parse(&local.encode()).unwrap(), local, "{}", p.name);
-            let mut options = Options { cache_size: 1, ..defaults };
-            assert!((p.apply)(&local, &mut options));
-            assert_eq!(options, Options { cache_size: 1, ..defaults }, "{}", p.name);
-            assert!(!(p.apply)(&LocalProps::default(), &mut options));
+            let mut values = defaults;
+            assert!((p.apply)(&local, &mut values));
+            assert_eq!(values, defaults, "{}", p.name);
+            assert!(!(p.apply)(&LocalProps::default(), &mut values));
             (p.clear)(&mut local);
             assert!(local.is_empty(), "{}", p.name);
-            assert!(p.parse_into("no such value", &mut options).is_err(), "{}", p.name);
+            assert!(p.parse_into("no such value", &mut values).is_err(), "{}", p.name);
         }
         assert_eq!(SETTABLE, ["compression", "recordsize", "min_savings", "checksum", "offload"]);
         let e = property("colour").err().unwrap();

@@ -12,7 +12,8 @@ use super::container::Container;
 use super::error::check;
 use super::inodes::Content;
 use super::lower::{self, cstr};
-use super::{DenseFs, FsError, FsResult, Options};
+use super::props::PropertyValues;
+use super::{DenseFs, FsError, FsResult};
 use std::ffi::OsString;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::MetadataExt;
@@ -129,7 +130,7 @@ fn content_size(content: &Content) -> FsResult<u64> {
     })
 }
 
-fn apply_spec(settings: &mut Options, spec: &str) -> FsResult<()> {
+fn apply_spec(settings: &mut PropertyValues, spec: &str) -> FsResult<()> {
     for item in spec.split(',').map(str::trim).filter(|s| !s.is_empty() && !s.starts_with("name=")) {
         let (name, value) = item.split_once('=').ok_or_else(|| FsError::new(libc::EINVAL, format!("bad setting '{item}'")))?;
         super::props::property(name).and_then(|p| p.parse_into(value, settings)).map_err(|e| FsError::new(libc::EINVAL, e))?;

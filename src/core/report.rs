@@ -2,8 +2,9 @@
 //! and statistics recomputed from the lower files (so they are right after any crash).
 
 use super::inodes::Node;
+use super::props::PropertyValues;
 use super::props::{self, format_recordsize, PROPERTIES, SETTABLE};
-use super::{DenseFs, FsError, FsResult, Kind, Options, ROOT};
+use super::{DenseFs, FsError, FsResult, Kind, ROOT};
 use crate::inspect::{inspect, FileStats, Problem};
 use serde_json::{json, Value};
 use std::collections::HashSet;
@@ -32,14 +33,14 @@ impl Source {
 
 /// The settings a directory gives to files created in it, and where each came from.
 pub struct Effective {
-    pub options: Options,
+    pub values: PropertyValues,
     pub sources: [Source; SETTABLE.len()],
 }
 
 impl Effective {
     /// The value of one property in effect (`None`: no such property).
     fn value(&self, name: &str) -> Option<String> {
-        props::property(name).ok().map(|p| (p.show)(&self.options))
+        props::property(name).ok().map(|p| (p.show)(&self.values))
     }
 }
 
@@ -85,14 +86,14 @@ impl DenseFs {
 
     /// Resolves the properties of directory `dir`, walking up to the root.
     pub fn effective(&self, dir: &Node) -> FsResult<Effective> {
-        let mut options = self.options;
+        let mut values = self.options.properties;
         let mut sources: [Option<Source>; SETTABLE.len()] = Default::default();
         let mut node = self.inode(dir.nodeid)?;
         let mut depth = 0;
         loop {
             let local = props::read_local(node.raw_fd())?;
             for (property, source) in PROPERTIES.iter().zip(&mut sources) {
-                if source.is_none() && (property.apply)(&local, &mut options) {
+                if source.is_none() && (property.apply)(&local, &mut values) {
                     *source = Some(if depth == 0 { Source::Local } else { Source::Inherited(self.mount_path(&node)) });
                 }
             }
@@ -103,16 +104,16 @@ impl DenseFs {
             node = self.inode(parent)?;
             depth += 1;
         }
-        Ok(Effective { options, sources: sources.map(|s| s.unwrap_or(Source::Default)) })
+        Ok(Effective { values, sources: sources.map(|s| s.unwrap_or(Source::Default)) })
     }
 
     /// Settings for a file in the directory `parent` (mount options if it cannot be resolved).
-    pub(super) fn settings_in(&self, parent: u64) -> Options {
+    pub(super) fn settings_in(&self, parent: u64) -> PropertyValues {
         match self.inode(parent).and_then(|p| self.effective(&p)) {
-            Ok(e) => e.options,
+            Ok(e) => e.values,
             Err(e) => {
                 tracing::warn!("cannot resolve properties of directory {parent}: {e}; using the mount's");
-                self.options
+                self.options.properties
             }
         }
     }
@@ -226,7 +227,7 @@ impl DenseFs {
                 let props: serde_json::Map<String, Value> = PROPERTIES
                     .iter()
                     .zip(&eff.sources)
-                    .map(|(p, s)| (p.name.to_string(), json!({"value": (p.show)(&eff.options), "source": s.describe()})))
+                    .map(|(p, s)| (p.name.to_string(), json!({"value": (p.show)(&eff.values), "source": s.describe()})))
                     .collect();
                 (stats, props)
             }
@@ -267,7 +268,7 @@ impl DenseFs {
     /// The engine's counters (JSON): what `densefs iostat` samples.
     pub fn engine_report(&self) -> String {
         let mut value = self.engine.snapshot();
-        value["offload"] = self.options.offload.to_string().into();
+        value["offload"] = self.options.properties.offload.to_string().into();
         let (used, limit) = self.memory_use();
         value["memory"] = serde_json::json!({"used": used, "limit": limit});
         value.to_string()
