@@ -16,13 +16,35 @@ const TTL: Duration = Duration::from_secs(1);
 /// Largest FUSE request (the kernel's default cap, `fs.fuse.max_pages_limit`, is 1 MiB).
 pub const MAX_WRITE: u32 = 1 << 20;
 
+/// The kernel's read-ahead for the mount, in KiB: sequential readers get several of the largest
+/// requests in flight, so the daemon decodes one batch while the next is on its way. (The
+/// kernel offers FUSE only its 128 KiB default at INIT.)
+pub const READ_AHEAD_KB: u32 = 4096;
+
 pub struct FuseAdapter {
     fs: Arc<DenseFs>,
+    /// The mount's `read_ahead_kb` in sysfs, written once INIT is done (the kernel sets it at
+    /// INIT); taken by the first open.
+    read_ahead_knob: Arc<parking_lot::Mutex<Option<std::path::PathBuf>>>,
 }
 
 impl FuseAdapter {
     pub fn new(fs: Arc<DenseFs>) -> FuseAdapter {
-        FuseAdapter { fs }
+        FuseAdapter { fs, read_ahead_knob: Arc::default() }
+    }
+
+    /// Where to raise the mount's read-ahead to [`READ_AHEAD_KB`] (`/sys/class/bdi/MAJ:MIN/read_ahead_kb`),
+    /// once the mount exists; the adapter does it after INIT.
+    pub fn read_ahead_knob(&self) -> Arc<parking_lot::Mutex<Option<std::path::PathBuf>>> {
+        self.read_ahead_knob.clone()
+    }
+
+    fn tune_read_ahead(&self) {
+        if let Some(knob) = self.read_ahead_knob.lock().take() {
+            if let Err(e) = std::fs::write(&knob, READ_AHEAD_KB.to_string()) {
+                tracing::info!("cannot raise the mount's read-ahead ({}): {e}", knob.display());
+            }
+        }
     }
 }
 
@@ -198,6 +220,7 @@ impl Filesystem for FuseAdapter {
     }
 
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        self.tune_read_ahead();
         match self.fs.open(ino.0, flags.0) {
             // Every change to a file's contents passes through this mount, so the kernel's cached
             // pages stay right across opens.

@@ -126,6 +126,7 @@ pub(super) fn serve(
     fuse_config.n_threads = Some(config.threads);
     fuse_config.clone_fd = true;
     let adapter = FuseAdapter::new(fs.clone());
+    let read_ahead_knob = adapter.read_ahead_knob();
     let session = if is_root() {
         // Root mounts with its own mount(2), as libfuse does, so that the type is fuse.densefs
         // (fuser passes plain "fuse" and drops the subtype).
@@ -142,6 +143,9 @@ pub(super) fn serve(
         Ok(s) => s,
         Err(e) => return Err(fail(&mut ready, format!("cannot mount {}: {}", mountpoint.display(), explain_mount_error(&e)))),
     };
+    if let Some(mount) = super::mountinfo::densefs_mount_at(mountpoint) {
+        *read_ahead_knob.lock() = Some(PathBuf::from(format!("/sys/class/bdi/{}/read_ahead_kb", mount.device)));
+    }
     let flusher = Arc::downgrade(&fs);
     std::thread::Builder::new()
         .name("densefs-writeback".into())

@@ -7,6 +7,8 @@ use std::path::{Path, PathBuf};
 /// One line of /proc/self/mountinfo, its fields unescaped.
 #[derive(Debug, Clone, PartialEq)]
 pub struct MountEntry {
+    /// The file system's device number, `MAJOR:MINOR` (a FUSE mount's is also its bdi's name).
+    pub device: String,
     pub point: PathBuf,
     /// Per-mount options (`rw,nosuid,nodev,relatime`).
     pub mount_options: String,
@@ -29,6 +31,7 @@ pub fn parse_mountinfo_line(line: &str) -> Option<MountEntry> {
     let fields: Vec<&str> = line.split(' ').collect();
     let sep = fields.iter().position(|f| *f == "-")?;
     Some(MountEntry {
+        device: fields.get(2)?.to_string(),
         point: PathBuf::from(unescape(fields.get(4)?)),
         mount_options: fields.get(5)?.to_string(),
         fstype: unescape(fields.get(sep + 1)?).to_string_lossy().into_owned(),
@@ -104,6 +107,7 @@ mod tests {
             parse_mountinfo_line(r"42 27 0:39 / /tmp/a\040b rw,nosuid,nodev,relatime shared:1 - fuse.densefs /tmp/low\040er rw,user_id=0")
                 .unwrap();
         assert_eq!(e.point, Path::new("/tmp/a b"));
+        assert_eq!(e.device, "0:39");
         assert_eq!(e.source, Path::new("/tmp/low er"));
         assert_eq!(
             (e.fstype.as_str(), e.mount_options.as_str(), e.super_options.as_str()),

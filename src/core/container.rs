@@ -71,10 +71,44 @@ struct State {
     rewriting: HashSet<u64>,
     /// A failed landing, reported by the next write, flush or fsync (its data stays dirty).
     write_error: Option<FsError>,
+    /// Where sequential reads stand, for read-ahead.
+    stream: ReadStream,
     /// Records past the header's size found at open (a crash between landing them and writing
     /// the header): dropped on the lower when the file is first opened for writing, so a run
     /// that only reads changes nothing.
     pending_discard: Option<u64>,
+}
+
+/// Records the lower file system is asked to fetch ahead of a sequential reader (8 MiB of data
+/// at 128K records); asked again when half of them have been read.
+const READ_AHEAD_RECORDS: u64 = 64;
+
+/// A reader's position: reads that continue where the last one ended form a stream.
+#[derive(Default)]
+struct ReadStream {
+    /// The record after the last one read.
+    next: u64,
+    /// Records below this were already asked for.
+    ahead_until: u64,
+}
+
+impl ReadStream {
+    /// Notes a read of records `first..=last` of a file of `records` records; returns the
+    /// records to fetch ahead now, if the reads form a stream and the last request runs low.
+    fn advance(&mut self, first: u64, last: u64, records: u64) -> Option<std::ops::Range<u64>> {
+        let sequential = first <= self.next && self.next <= last + 1;
+        self.next = last + 1;
+        if !sequential {
+            self.ahead_until = self.next;
+            return None;
+        }
+        if self.ahead_until >= (self.next + READ_AHEAD_RECORDS / 2).min(records) {
+            return None;
+        }
+        let from = self.ahead_until.max(self.next);
+        self.ahead_until = (self.next + READ_AHEAD_RECORDS).min(records);
+        (from < self.ahead_until).then_some(from..self.ahead_until)
+    }
 }
 
 /// Where a record's current bytes come from.
@@ -149,6 +183,7 @@ impl Container {
                 rewriting: HashSet::new(),
                 write_error: None,
                 pending_discard: None,
+                stream: ReadStream::default(),
             }),
             landed: Condvar::new(),
             landing: LandingQueue::default(),
@@ -307,6 +342,25 @@ impl Container {
         Ok(out.into_iter().map(|b| b.expect("BUG: every record fetched")).collect())
     }
 
+    /// A sequential reader's next records are asked of the lower file system before the
+    /// kernel asks for them: the slots of consecutive records are not adjacent on the lower
+    /// file, so its own read-ahead would not see the stream, and each record would wait for
+    /// the disk.
+    fn read_ahead(&self, first: u64, last: u64, records: u64) {
+        let extents = {
+            let mut st = self.state.lock();
+            let Some(ahead) = st.stream.advance(first, last, records) else { return };
+            let st = &mut *st;
+            match self.store.stored_extents(&mut st.store, ahead) {
+                Ok(extents) => extents,
+                Err(_) => return, // the read itself reports it
+            }
+        };
+        for (off, len) in extents {
+            let _ = lower::will_need(self.store.lower(), off, len);
+        }
+    }
+
     pub fn read(&self, offset: u64, len: usize) -> FsResult<Vec<u8>> {
         let size = self.size();
         if offset >= size {
@@ -315,6 +369,7 @@ impl Container {
         let len = (len as u64).min(size - offset);
         let pieces: Vec<_> = self.layout().split(offset, len).collect();
         let records: Vec<u64> = pieces.iter().map(|p| p.record).collect();
+        self.read_ahead(records[0], records[records.len() - 1], self.layout().plain_size_to_records(size));
         let contents = self.fetch(&records)?;
         let mut out = vec![0u8; len as usize];
         let mut at = 0;
@@ -529,5 +584,38 @@ impl Container {
             st.buffers.remember_clean(record, &flight.data);
         }
         self.landed.notify_all();
+    }
+}
+
+#[cfg(test)]
+mod read_stream_tests {
+    use super::{ReadStream, READ_AHEAD_RECORDS};
+
+    #[test]
+    fn a_sequential_reader_is_read_ahead_in_batches_and_a_random_one_is_not() {
+        let mut s = ReadStream::default();
+        let total = 1000;
+        // The first read from the start opens a window of READ_AHEAD_RECORDS past it.
+        assert_eq!(s.advance(0, 7, total), Some(8..8 + READ_AHEAD_RECORDS));
+        // Nothing more until half of it is consumed.
+        let mut asked = vec![];
+        for first in (8..200).step_by(8) {
+            if let Some(r) = s.advance(first, first + 7, total) {
+                asked.push(r);
+            }
+        }
+        // Every record of the stream was asked for exactly once, in order, ahead of its read.
+        let flat: Vec<u64> = asked.iter().flat_map(|r| r.clone()).collect();
+        assert_eq!(flat, (8 + READ_AHEAD_RECORDS..flat[0] + flat.len() as u64).collect::<Vec<_>>());
+        assert!(asked.iter().all(|r| r.end - r.start >= READ_AHEAD_RECORDS / 2), "{asked:?}");
+        // A jump is no stream; reading on from there is one again.
+        assert_eq!(s.advance(500, 507, total), None);
+        assert_eq!(s.advance(508, 515, total), Some(516..516 + READ_AHEAD_RECORDS));
+        // Never past the end of the file.
+        assert_eq!(s.advance(990, 995, total), None);
+        assert_eq!(s.advance(996, 999, total), None);
+        let mut s = ReadStream::default();
+        assert_eq!(s.advance(0, 3, 10), Some(4..10));
+        assert_eq!(s.advance(4, 9, 10), None);
     }
 }

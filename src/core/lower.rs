@@ -51,6 +51,17 @@ pub fn stat_fd(fd: RawFd) -> io::Result<libc::stat> {
     Ok(st)
 }
 
+/// Asks the lower file system to start reading a range into its page cache (read-ahead); it
+/// returns without waiting for the I/O.
+pub fn will_need(file: &File, offset: u64, len: u64) -> io::Result<()> {
+    // SAFETY: posix_fadvise only reads its integer arguments; the fd is open for the call.
+    let r = unsafe { libc::posix_fadvise(file.as_raw_fd(), offset as libc::off_t, len as libc::off_t, libc::POSIX_FADV_WILLNEED) };
+    match r {
+        0 => Ok(()),
+        e => Err(io::Error::from_raw_os_error(e)),
+    }
+}
+
 pub fn pread_full(file: &File, buf: &mut [u8], offset: u64) -> io::Result<usize> {
     use std::os::unix::fs::FileExt;
     let mut done = 0;

@@ -23,6 +23,21 @@ impl Store {
         Ok(stored)
     }
 
+    /// Where the newest copies of `records` lie on the lower file (offset, length), for
+    /// read-ahead: holes, inline records and damaged ones have nothing to fetch.
+    pub fn stored_extents(&self, st: &mut StoreState, records: std::ops::Range<u64>) -> FsResult<Vec<(u64, u64)>> {
+        let mut extents = Vec::new();
+        for record in records {
+            let pair = self.pair(st, record)?;
+            if let Some(&(slot, d)) = newest_first(&pair).first() {
+                if !d.is_hole() && !d.is_inline() {
+                    extents.push((self.layout.record_to_slot_off(record, slot), u64::from(d.stored_len)));
+                }
+            }
+        }
+        Ok(extents)
+    }
+
     /// Verifies and decodes one copy (`format::record`).
     pub fn decode_copy(&self, record: u64, slot: usize, d: &Descriptor) -> std::io::Result<Result<Vec<u8>, FormatError>> {
         let stored = self.read_copy(record, slot, d)?;
