@@ -22,6 +22,7 @@
 
 use super::container::Container;
 use super::lower;
+use super::props::LocalProps;
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::ffi::{OsStr, OsString};
@@ -62,6 +63,9 @@ pub struct Inode {
     last_used: AtomicU64,
     /// Open handles and their shared content. Guarded by its own lock, held while opening.
     pub open: Mutex<OpenState>,
+    /// A directory's own properties, once read: every change to them goes through
+    /// `DenseFs::set_property`, so creating a file reads no xattrs of its ancestors.
+    pub local_props: Mutex<Option<LocalProps>>,
 }
 
 /// `content` is set while handles are open, and also after the last close when writing it back
@@ -148,6 +152,7 @@ impl InodeTable {
             place: Mutex::new(Place { link: Some((ROOT, OsString::new())), fd: Some(Arc::new(root_fd)) }),
             last_used: AtomicU64::new(u64::MAX),
             open: Mutex::new(OpenState::default()),
+            local_props: Mutex::new(None),
         });
         let mut by_id = HashMap::new();
         by_id.insert(ROOT, Entry { inode: root, lookups: 1 });
@@ -301,6 +306,7 @@ impl InodeTable {
             place: Mutex::new(Place { link, fd: Some(Arc::new(fd)) }),
             last_used: AtomicU64::new(self.clock.fetch_add(1, Ordering::Relaxed)),
             open: Mutex::new(OpenState::default()),
+            local_props: Mutex::new(None),
         });
         t.by_id.insert(id, Entry { inode: inode.clone(), lookups });
         drop(t);

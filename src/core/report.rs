@@ -2,8 +2,7 @@
 //! and statistics recomputed from the lower files (so they are right after any crash).
 
 use super::inodes::Node;
-use super::props::PropertyValues;
-use super::props::{self, format_recordsize, PROPERTIES, SETTABLE};
+use super::props::{self, format_recordsize, LocalProps, PropertyValues, PROPERTIES, SETTABLE};
 use super::{DenseFs, FsError, FsResult, Kind, ROOT};
 use crate::inspect::{inspect, FileStats, Problem};
 use serde_json::{json, Value};
@@ -84,6 +83,17 @@ impl DenseFs {
         }
     }
 
+    /// A directory's own properties (cached on its inode).
+    fn local_props(&self, dir: &Node) -> FsResult<LocalProps> {
+        let mut cached = dir.local_props.lock();
+        if let Some(local) = *cached {
+            return Ok(local);
+        }
+        let local = props::read_local(dir.raw_fd())?;
+        *cached = Some(local);
+        Ok(local)
+    }
+
     /// Resolves the properties of directory `dir`, walking up to the root.
     pub fn effective(&self, dir: &Node) -> FsResult<Effective> {
         let mut values = self.options.properties;
@@ -91,7 +101,7 @@ impl DenseFs {
         let mut node = self.inode(dir.nodeid)?;
         let mut depth = 0;
         loop {
-            let local = props::read_local(node.raw_fd())?;
+            let local = self.local_props(&node)?;
             for (property, source) in PROPERTIES.iter().zip(&mut sources) {
                 if source.is_none() && (property.apply)(&local, &mut values) {
                     *source = Some(if depth == 0 { Source::Local } else { Source::Inherited(self.mount_path(&node)) });
@@ -123,13 +133,19 @@ impl DenseFs {
         if node.kind != libc::S_IFDIR {
             return Err(FsError::new(libc::ENOTDIR, "properties are set on directories"));
         }
+        // The cache's lock orders concurrent changes; it is read again from the lower, and
+        // holds what the lower holds afterwards (nothing, if that is unknown after a failure).
+        let mut cached = node.local_props.lock();
+        *cached = None;
         let mut local = props::read_local(node.raw_fd())?;
         let result = match value {
             Some(v) => local.set(name, v),
             None => local.unset(name),
         };
         result.map_err(|e| FsError::new(libc::EINVAL, e))?;
-        props::write_local(node.raw_fd(), &local)
+        props::write_local(node.raw_fd(), &local)?;
+        *cached = Some(local);
+        Ok(())
     }
 
     /// One property's effective value (for `getfattr -n user.densefs.compression DIR`).
