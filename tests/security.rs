@@ -6,7 +6,7 @@ mod common;
 
 use common::{Dirs, Mount};
 use std::fs;
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{FileExt, OpenOptionsExt, PermissionsExt};
 use std::path::Path;
 use std::process::{Command, Output};
 
@@ -112,5 +112,56 @@ fn setuid_files_and_devices_follow_nosuid_and_nodev() {
     assert!(ok.success());
     let err = fs::File::open(m.path("zero")).unwrap_err();
     assert_eq!(err.raw_os_error(), Some(libc::EACCES), "opened a device on a nodev mount");
+    m.unmount();
+}
+
+/// Writes and truncates by a user without CAP_FSETID drop setuid (and setgid where the group
+/// may execute), exactly as on the lower file system itself; root's writes keep them.
+#[test]
+fn writes_by_other_users_clear_setuid_and_setgid_as_on_ext4() {
+    use std::os::unix::fs::chown;
+    let d = Dirs::new();
+    open_to_everyone(&d);
+    let reference = d.root.path().join("ext4");
+    fs::create_dir(&reference).unwrap();
+    fs::set_permissions(&reference, fs::Permissions::from_mode(0o777)).unwrap();
+    let m = Mount::new(&d.lower, &d.mnt, "");
+    let nobody = 65534;
+    // (name, mode, what nobody does to it)
+    let cases: [(&str, u32, &str); 6] = [
+        ("append", 0o6775, "echo more >> \"$1\""),
+        ("no_group_exec", 0o6764, "echo more >> \"$1\""),
+        ("truncate_down", 0o4777, "truncate -s 3 \"$1\""),
+        ("truncate_up", 0o2775, "truncate -s 100000 \"$1\""),
+        ("o_trunc", 0o4755, ": > \"$1\""),
+        ("overwrite", 0o6777, "printf zz | dd of=\"$1\" conv=notrunc status=none"),
+    ];
+    for dir in [&reference, &d.mnt] {
+        for (name, mode, _) in &cases {
+            let p = dir.join(name);
+            fs::write(&p, b"some data").unwrap();
+            chown(&p, Some(nobody), Some(nobody)).unwrap();
+            fs::set_permissions(&p, fs::Permissions::from_mode(*mode)).unwrap();
+        }
+        // Root's own write keeps the bits (CAP_FSETID).
+        let p = dir.join("root_writes");
+        fs::write(&p, b"x").unwrap();
+        fs::set_permissions(&p, fs::Permissions::from_mode(0o6775)).unwrap();
+        fs::OpenOptions::new().append(true).open(&p).unwrap().write_all_at(b"more", 1).unwrap();
+        for (name, _, action) in &cases {
+            let out = as_nobody(&["sh", "-c", action, "sh", s(&dir.join(name))]);
+            assert!(out.status.success(), "{name}: {}", String::from_utf8_lossy(&out.stderr));
+        }
+    }
+    let mode = |p: &Path| fs::metadata(p).unwrap().permissions().mode() & 0o7777;
+    for name in cases.iter().map(|c| c.0).chain(["root_writes"]) {
+        assert_eq!(mode(&m.path(name)), mode(&reference.join(name)), "{name}: densefs vs ext4");
+    }
+    assert_eq!(mode(&m.path("append")) & 0o6000, 0, "ext4 itself cleared them");
+    assert_eq!(mode(&m.path("root_writes")), 0o6775);
+    // And the lower files agree with what the mount shows.
+    for name in cases.iter().map(|c| c.0) {
+        assert_eq!(mode(&d.lower.join(name)), mode(&m.path(name)), "{name}: lower");
+    }
     m.unmount();
 }
