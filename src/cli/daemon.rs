@@ -314,9 +314,10 @@ fn raise_fd_limit() {
     }
     let nr_open = std::fs::read_to_string("/proc/sys/fs/nr_open").ok().and_then(|s| s.trim().parse().ok()).unwrap_or(0);
     let raised = libc::rlimit { rlim_cur: nr_open.max(lim.rlim_max), rlim_max: nr_open.max(lim.rlim_max) };
-    // SAFETY (both): setrlimit only reads the rlimit it is given.
+    // SAFETY: setrlimit only reads the rlimit it is given.
     if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } != 0 {
         lim.rlim_cur = lim.rlim_max;
+        // SAFETY: as above.
         unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) };
     }
 }

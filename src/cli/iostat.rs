@@ -139,10 +139,11 @@ pub fn run(mount: &Path, interval: f64, count: Option<u64>, verbose: bool) -> Re
 
 /// HH:MM:SS of the local clock.
 fn chrono_like_now() -> String {
-    // SAFETY: time may be given no place to store its answer (null); a zeroed tm is a valid
-    // value of that plain C struct; localtime_r reads `t` and writes only `tm`.
+    // SAFETY: time may be given no place to store its answer (null).
     let t = unsafe { libc::time(std::ptr::null_mut()) };
+    // SAFETY: a zeroed tm is a valid value of that plain C struct (tm_zone: null).
     let mut tm: libc::tm = unsafe { std::mem::zeroed() };
+    // SAFETY: localtime_r reads `t` and writes only `tm`.
     unsafe { libc::localtime_r(&t, &mut tm) };
     format!("{:02}:{:02}:{:02}", tm.tm_hour, tm.tm_min, tm.tm_sec)
 }

@@ -32,6 +32,7 @@ pub fn parse_size(text: &str) -> Option<u64> {
 pub fn parse_mount_options(list: &str) -> Result<MountConfig, String> {
     let mut options = Options::default();
     let mut fuse_options = Vec::new();
+    // SAFETY: geteuid has no preconditions and cannot fail.
     let mut allow_other = unsafe { libc::geteuid() } == 0;
     let mut threads = std::thread::available_parallelism().map_or(4, |n| n.get()).clamp(4, 16);
     let mut engine = EngineConfig::new(std::thread::available_parallelism().map_or(2, |n| n.get()));

@@ -2,12 +2,10 @@
 //! SEEK_DATA/SEEK_HOLE, and attribute changes that touch contents (size, times).
 
 use super::container::Container;
-use super::error::check;
 use super::inodes::{Content, Node};
 use super::lower::{self, cstr};
 use super::{Attr, Caller, DenseFs, FsError, FsResult, Handle};
 use std::ffi::OsStr;
-use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -145,8 +143,7 @@ impl DenseFs {
         let dir = self.inode(parent)?;
         let c = cstr(name)?;
         let lower_flags = libc::O_CREAT | libc::O_RDWR | libc::O_NOFOLLOW | libc::O_CLOEXEC | (flags & libc::O_EXCL);
-        let fd = check(unsafe { libc::openat(dir.raw_fd(), c.as_ptr(), lower_flags, mode as libc::c_uint) })?;
-        unsafe { libc::close(fd) };
+        drop(lower::openat(dir.raw_fd(), &c, lower_flags, mode)?);
         let attr = self.adopt(parent, name, caller)?;
         let inode = self.inode(attr.ino)?;
         let fh = match self.open_inode(&inode, true) {
@@ -278,12 +275,12 @@ impl DenseFs {
         let inode = self.inode(nodeid)?;
         let path = lower::proc_path(inode.raw_fd());
         if let Some(mode) = set.mode {
-            check(unsafe { libc::chmod(path.as_ptr(), (mode & 0o7777) as libc::mode_t) })?;
+            lower::chmod(&path, mode & 0o7777)?;
         }
         if set.uid.is_some() || set.gid.is_some() {
             let uid = set.uid.unwrap_or(u32::MAX);
             let gid = set.gid.unwrap_or(u32::MAX);
-            check(unsafe { libc::fchownat(inode.raw_fd(), c"".as_ptr(), uid, gid, libc::AT_EMPTY_PATH | libc::AT_SYMLINK_NOFOLLOW) })?;
+            lower::fchownat(inode.raw_fd(), c"", uid, gid, libc::AT_EMPTY_PATH | libc::AT_SYMLINK_NOFOLLOW)?;
         }
         if let Some(size) = set.size {
             match fh.and_then(|fh| self.file_content(fh).ok()) {
@@ -297,7 +294,7 @@ impl DenseFs {
                 c.flush()?;
             }
             let times = [timespec(set.atime), timespec(set.mtime)];
-            check(unsafe { libc::utimensat(libc::AT_FDCWD, path.as_ptr(), times.as_ptr(), 0) })?;
+            lower::utimensat(libc::AT_FDCWD, &path, &times, 0)?;
             if let Some(Content::Container(c)) = inode.open_content() {
                 c.times_set_by_user()?;
             }
@@ -309,7 +306,7 @@ impl DenseFs {
         let end = offset.checked_add(len).ok_or(FsError::errno(libc::EFBIG))?;
         match self.file_content(fh)? {
             Content::Plain(file) => {
-                check(unsafe { libc::fallocate(file.as_raw_fd(), mode, offset as libc::off_t, len as libc::off_t) })?;
+                lower::fallocate(&file, mode, offset, len)?;
                 Ok(())
             }
             Content::Container(c) => {
@@ -341,14 +338,7 @@ impl DenseFs {
                 libc::SEEK_HOLE => Ok(c.seek(offset as u64, false)? as i64),
                 _ => Err(FsError::errno(libc::EINVAL)),
             },
-            Content::Plain(file) => {
-                let r = unsafe { libc::lseek(file.as_raw_fd(), offset, whence) };
-                if r < 0 {
-                    Err(std::io::Error::last_os_error().into())
-                } else {
-                    Ok(r)
-                }
-            }
+            Content::Plain(file) => Ok(lower::lseek(&file, offset, whence)?),
         }
     }
 }

@@ -141,7 +141,7 @@ impl InodeTable {
     pub fn new(root_fd: OwnedFd, root_dev: u64, root_ino: u64, fd_budget: usize) -> InodeTable {
         let handle_root = lower::reopen(root_fd.as_raw_fd(), libc::O_RDONLY | libc::O_DIRECTORY)
             .ok()
-            .filter(|f| unsafe { libc::geteuid() } == 0 && lower::reopens_by_number(f.as_raw_fd()))
+            .filter(|f| lower::geteuid() == 0 && lower::reopens_by_number(f.as_raw_fd()))
             .map(OwnedFd::from);
         let root = Arc::new(Inode {
             nodeid: ROOT,

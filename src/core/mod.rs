@@ -159,11 +159,8 @@ fn time(sec: i64, nsec: i64) -> SystemTime {
 /// Descriptors the inode table may keep open: half the process limit, leaving the rest for
 /// open files and the lower files of open containers.
 fn fd_budget() -> usize {
-    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
-    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
-        return 512;
-    }
-    (lim.rlim_cur / 2).min(1 << 20) as usize
+    let Ok(limit) = lower::nofile_limit() else { return 512 };
+    (limit / 2).min(1 << 20) as usize
 }
 
 impl DenseFs {
@@ -182,7 +179,7 @@ impl DenseFs {
             inodes: InodeTable::new(fd, st.st_dev, st.st_ino, fd_budget()),
             handles: Mutex::new(HashMap::new()),
             next_handle: AtomicU64::new(1),
-            is_root: unsafe { libc::geteuid() } == 0,
+            is_root: lower::geteuid() == 0,
             last_report: Mutex::new(None),
         })
     }
@@ -291,8 +288,7 @@ impl DenseFs {
 
     pub fn statfs(&self) -> FsResult<Statfs> {
         let root = self.inode(ROOT)?;
-        let mut sv: libc::statvfs = unsafe { std::mem::zeroed() };
-        error::check(unsafe { libc::fstatvfs(root.raw_fd(), &mut sv) })?;
+        let sv = lower::fstatvfs(root.raw_fd())?;
         Ok(Statfs {
             blocks: sv.f_blocks,
             bfree: sv.f_bfree,

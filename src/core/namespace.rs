@@ -1,10 +1,9 @@
 //! Names: lookup, create and remove directory entries, links, renames, directory listings.
 
-use super::error::check;
 use super::lower::{self, cstr};
 use super::{Attr, Caller, DenseFs, DirEntry, FsError, FsResult, Handle, Kind};
 use std::ffi::OsStr;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::AsRawFd;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -56,7 +55,7 @@ impl DenseFs {
             // Under a setgid directory the lower file system already chose the group.
             let gid = if dir_st.st_mode & libc::S_ISGID != 0 { u32::MAX } else { caller.gid };
             let c = cstr(name)?;
-            check(unsafe { libc::fchownat(dir.raw_fd(), c.as_ptr(), caller.uid, gid, libc::AT_SYMLINK_NOFOLLOW) })?;
+            lower::fchownat(dir.raw_fd(), &c, caller.uid, gid, libc::AT_SYMLINK_NOFOLLOW)?;
         }
         self.lookup(parent, name)
     }
@@ -65,7 +64,7 @@ impl DenseFs {
         hidden(name, libc::EPERM)?;
         let dir = self.inode(parent)?;
         let c = cstr(name)?;
-        check(unsafe { libc::mkdirat(dir.raw_fd(), c.as_ptr(), mode as libc::mode_t) })?;
+        lower::mkdirat(dir.raw_fd(), &c, mode)?;
         self.adopt(parent, name, caller)
     }
 
@@ -73,7 +72,7 @@ impl DenseFs {
         hidden(name, libc::EPERM)?;
         let dir = self.inode(parent)?;
         let c = cstr(name)?;
-        check(unsafe { libc::mknodat(dir.raw_fd(), c.as_ptr(), mode as libc::mode_t, rdev as libc::dev_t) })?;
+        lower::mknodat(dir.raw_fd(), &c, mode, u64::from(rdev))?;
         self.adopt(parent, name, caller)
     }
 
@@ -82,17 +81,15 @@ impl DenseFs {
         let dir = self.inode(parent)?;
         let c = cstr(name)?;
         let t = cstr(target.as_os_str())?;
-        check(unsafe { libc::symlinkat(t.as_ptr(), dir.raw_fd(), c.as_ptr()) })?;
+        lower::symlinkat(&t, dir.raw_fd(), &c)?;
         self.adopt(parent, name, caller)
     }
 
     pub fn readlink(&self, nodeid: u64) -> FsResult<Vec<u8>> {
         let inode = self.inode(nodeid)?;
         let mut buf = vec![0u8; libc::PATH_MAX as usize + 1];
-        let n = check(unsafe {
-            libc::readlinkat(inode.raw_fd(), c"".as_ptr(), buf.as_mut_ptr() as *mut libc::c_char, buf.len()) as libc::c_int
-        })?;
-        buf.truncate(n as usize);
+        let n = lower::readlinkat(inode.raw_fd(), c"", &mut buf)?;
+        buf.truncate(n);
         Ok(buf)
     }
 
@@ -101,7 +98,7 @@ impl DenseFs {
         let dir = self.inode(parent)?;
         let c = cstr(name)?;
         let unlinked = lower::id_at(dir.raw_fd(), &c);
-        check(unsafe { libc::unlinkat(dir.raw_fd(), c.as_ptr(), 0) })?;
+        lower::unlinkat(dir.raw_fd(), &c, 0)?;
         if let Some((dev, ino)) = unlinked {
             self.let_go_if_unlinked(dev, ino);
         }
@@ -111,7 +108,7 @@ impl DenseFs {
     pub fn rmdir(&self, parent: u64, name: &OsStr) -> FsResult<()> {
         let dir = self.inode(parent)?;
         let c = cstr(name)?;
-        check(unsafe { libc::unlinkat(dir.raw_fd(), c.as_ptr(), libc::AT_REMOVEDIR) })?;
+        lower::unlinkat(dir.raw_fd(), &c, libc::AT_REMOVEDIR)?;
         Ok(())
     }
 
@@ -125,8 +122,7 @@ impl DenseFs {
         let b = cstr(new_name)?;
         let moving = lower::id_at(from.raw_fd(), &a);
         let displaced = lower::id_at(to.raw_fd(), &b);
-        let ret = unsafe { libc::syscall(libc::SYS_renameat2, from.raw_fd(), a.as_ptr(), to.raw_fd(), b.as_ptr(), flags) as libc::c_int };
-        check(ret)?;
+        lower::renameat2(from.raw_fd(), &a, to.raw_fd(), &b, flags)?;
         // Keep the inode table's idea of where things live (it reopens evicted inodes by name).
         if let Some((dev, ino)) = moving {
             self.inodes.moved(dev, ino, new_parent, new_name);
@@ -147,34 +143,22 @@ impl DenseFs {
         let dir = self.inode(new_parent)?;
         let c = cstr(new_name)?;
         let src = lower::proc_path(inode.raw_fd());
-        check(unsafe { libc::linkat(libc::AT_FDCWD, src.as_ptr(), dir.raw_fd(), c.as_ptr(), libc::AT_SYMLINK_FOLLOW) })?;
+        lower::linkat(libc::AT_FDCWD, &src, dir.raw_fd(), &c, libc::AT_SYMLINK_FOLLOW)?;
         self.lookup(new_parent, new_name)
     }
 
     /// Snapshots the directory's entries; offsets into the snapshot stay valid for the handle.
     pub fn opendir(&self, nodeid: u64) -> FsResult<u64> {
         let inode = self.inode(nodeid)?;
-        let path = lower::proc_path(inode.raw_fd());
-        let fd = check(unsafe { libc::open(path.as_ptr(), libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC) })?;
-        let owned = unsafe { OwnedFd::from_raw_fd(fd) };
-        let dir = unsafe { libc::fdopendir(owned.as_raw_fd()) };
-        if dir.is_null() {
-            return Err(std::io::Error::last_os_error().into());
-        }
-        std::mem::forget(owned); // closedir closes it
+        let dir = lower::reopen(inode.raw_fd(), libc::O_RDONLY | libc::O_DIRECTORY)?;
+        let mut stream = lower::DirStream::new(dir.into())?;
         let mut entries = Vec::new();
-        loop {
-            let ent = unsafe { libc::readdir64(dir) };
-            if ent.is_null() {
-                break;
-            }
-            let ent = unsafe { &*ent };
-            let name = unsafe { std::ffi::CStr::from_ptr(ent.d_name.as_ptr()) };
-            let name = OsStr::from_bytes(name.to_bytes()).to_os_string();
+        while let Some(ent) = stream.next_entry() {
+            let name = OsStr::from_bytes(ent.name).to_os_string();
             if super::props::is_reserved_name(&name) {
                 continue;
             }
-            let kind = match ent.d_type {
+            let kind = match ent.kind {
                 libc::DT_DIR => Kind::Dir,
                 libc::DT_LNK => Kind::Symlink,
                 libc::DT_FIFO => Kind::Fifo,
@@ -183,10 +167,10 @@ impl DenseFs {
                 libc::DT_BLK => Kind::BlockDevice,
                 _ => Kind::File,
             };
-            let ino = if name == "." || name == ".." { nodeid } else { ent.d_ino };
+            let ino = if name == "." || name == ".." { nodeid } else { ent.ino };
             entries.push(DirEntry { ino, kind, name });
         }
-        unsafe { libc::closedir(dir) };
+        drop(stream); // closedir
         Ok(self.new_handle(Handle::Dir { entries: Arc::new(entries) }))
     }
 

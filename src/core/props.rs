@@ -5,7 +5,7 @@
 //! (`name=value` lines); where the lower file system has no user xattrs, in a file
 //! `.densefs.props` in that directory instead. Both are invisible through the mount.
 
-use super::error::{check, FsError, FsResult};
+use super::error::{FsError, FsResult};
 use super::lower::{self, cstr};
 use crate::checksum::ChecksumKind;
 use crate::codec::Setting;
@@ -13,7 +13,7 @@ use crate::engine::{MinSavings, Offload};
 use crate::format::Layout;
 use std::ffi::OsStr;
 use std::io::Write;
-use std::os::fd::{FromRawFd, RawFd};
+use std::os::fd::RawFd;
 
 /// Names through which the CLI talks to the daemon (xattrs on mount paths).
 pub const XATTR_PREFIX: &str = "user.densefs.";
@@ -214,25 +214,24 @@ pub fn read_local(dir: RawFd) -> FsResult<LocalProps> {
     let path = lower::proc_path(dir);
     let name = cstr(OsStr::new(PROPS_XATTR))?;
     let mut buf = vec![0u8; 4096];
-    let n = unsafe { libc::getxattr(path.as_ptr(), name.as_ptr(), buf.as_mut_ptr() as *mut libc::c_void, buf.len()) };
-    let text = if n >= 0 {
-        buf.truncate(n as usize);
-        String::from_utf8_lossy(&buf).into_owned()
-    } else {
-        let e = std::io::Error::last_os_error();
-        if !matches!(errno_of(&e), libc::ENODATA | libc::ENOTSUP) {
-            return Err(e.into());
+    let text = match lower::getxattr(&path, &name, &mut buf) {
+        Ok(n) => {
+            buf.truncate(n);
+            String::from_utf8_lossy(&buf).into_owned()
         }
-        let file = cstr(OsStr::new(PROPS_FILE))?;
-        let fd = unsafe { libc::openat(dir, file.as_ptr(), libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_CLOEXEC) };
-        if fd < 0 {
-            let e = std::io::Error::last_os_error();
-            return if errno_of(&e) == libc::ENOENT { Ok(LocalProps::default()) } else { Err(e.into()) };
+        Err(e) => {
+            if !matches!(errno_of(&e), libc::ENODATA | libc::ENOTSUP) {
+                return Err(e.into());
+            }
+            let file = cstr(OsStr::new(PROPS_FILE))?;
+            let mut f = match lower::openat(dir, &file, libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_CLOEXEC, 0) {
+                Ok(f) => f,
+                Err(e) => return if errno_of(&e) == libc::ENOENT { Ok(LocalProps::default()) } else { Err(e.into()) },
+            };
+            let mut s = String::new();
+            std::io::Read::read_to_string(&mut f, &mut s)?;
+            s
         }
-        let mut f = unsafe { std::fs::File::from_raw_fd(fd) };
-        let mut s = String::new();
-        std::io::Read::read_to_string(&mut f, &mut s)?;
-        s
     };
     LocalProps::parse(&text).map_err(|e| FsError::new(libc::EIO, format!("stored properties: {e}")))
 }
@@ -243,36 +242,30 @@ pub fn write_local(dir: RawFd, props: &LocalProps) -> FsResult<()> {
     let name = cstr(OsStr::new(PROPS_XATTR))?;
     let file = cstr(OsStr::new(PROPS_FILE))?;
     let text = props.encode();
-    let r = if props.is_empty() {
-        unsafe { libc::removexattr(path.as_ptr(), name.as_ptr()) }
-    } else {
-        unsafe { libc::setxattr(path.as_ptr(), name.as_ptr(), text.as_ptr() as *const libc::c_void, text.len(), 0) }
+    let stored = if props.is_empty() { lower::removexattr(&path, &name) } else { lower::setxattr(&path, &name, text.as_bytes(), 0) };
+    let in_xattr = match stored {
+        Ok(()) => true,
+        Err(e) if props.is_empty() && errno_of(&e) == libc::ENODATA => true, // none to remove
+        Err(e) if matches!(errno_of(&e), libc::ENOTSUP | libc::ENODATA) => false,
+        Err(e) => return Err(e.into()),
     };
-    if r == 0 || (props.is_empty() && std::io::Error::last_os_error().raw_os_error() == Some(libc::ENODATA)) {
+    if in_xattr {
         // A stale fallback file must not shadow what the xattr now says.
-        unsafe { libc::unlinkat(dir, file.as_ptr(), 0) };
+        let _ = lower::unlinkat(dir, &file, 0);
         return Ok(());
-    }
-    let e = std::io::Error::last_os_error();
-    if !matches!(errno_of(&e), libc::ENOTSUP | libc::ENODATA) {
-        return Err(e.into());
     }
     if props.is_empty() {
-        let r = unsafe { libc::unlinkat(dir, file.as_ptr(), 0) };
-        if r != 0 && std::io::Error::last_os_error().raw_os_error() != Some(libc::ENOENT) {
-            return Err(std::io::Error::last_os_error().into());
-        }
-        return Ok(());
+        return match lower::unlinkat(dir, &file, 0) {
+            Err(e) if e.raw_os_error() != Some(libc::ENOENT) => Err(e.into()),
+            _ => Ok(()),
+        };
     }
     // Write a temporary file and rename it over, so a crash leaves the old or the new set.
     let tmp = cstr(OsStr::new(".densefs.props.tmp"))?;
-    let fd = check(unsafe {
-        libc::openat(dir, tmp.as_ptr(), libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC | libc::O_NOFOLLOW | libc::O_CLOEXEC, 0o644)
-    })?;
-    let mut f = unsafe { std::fs::File::from_raw_fd(fd) };
+    let mut f = lower::openat(dir, &tmp, libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC | libc::O_NOFOLLOW | libc::O_CLOEXEC, 0o644)?;
     f.write_all(text.as_bytes())?;
     f.sync_all()?;
-    check(unsafe { libc::renameat(dir, tmp.as_ptr(), dir, file.as_ptr()) })?;
+    lower::renameat(dir, &tmp, dir, &file)?;
     Ok(())
 }
 

@@ -9,13 +9,11 @@
 //! error saying why.
 
 use super::container::Container;
-use super::error::check;
 use super::inodes::Content;
 use super::lower::{self, cstr};
 use super::props::PropertyValues;
 use super::{DenseFs, FsError, FsResult};
 use std::ffi::OsString;
-use std::os::fd::AsRawFd;
 use std::os::unix::fs::MetadataExt;
 use std::sync::Arc;
 
@@ -70,15 +68,8 @@ impl DenseFs {
             .ok_or_else(|| FsError::new(libc::ESTALE, "cannot tell the file's name; run again"))?;
         let tmp_name = OsString::from(format!(".densefs.recompress.{nodeid}"));
         let tmp = cstr(&tmp_name)?;
-        let fd = check(unsafe {
-            libc::openat(
-                dir.raw_fd(),
-                tmp.as_ptr(),
-                libc::O_RDWR | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_CLOEXEC,
-                0o600,
-            )
-        })?;
-        let file = unsafe { <std::fs::File as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+        let flags = libc::O_RDWR | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_CLOEXEC;
+        let file = lower::openat(dir.raw_fd(), &tmp, flags, 0o600)?;
         let copy = || -> FsResult<()> {
             let target = Arc::new(Container::create(
                 file.try_clone()?,
@@ -109,13 +100,13 @@ impl DenseFs {
             target.sync(false)?;
             copy_metadata(&lower_meta, lower::proc_path(node.raw_fd()), &file)?;
             let name = cstr(&name)?;
-            check(unsafe { libc::renameat(dir.raw_fd(), tmp.as_ptr(), dir.raw_fd(), name.as_ptr()) })?;
+            lower::renameat(dir.raw_fd(), &tmp, dir.raw_fd(), &name)?;
             lower::fsync(&lower::reopen(dir.raw_fd(), libc::O_RDONLY | libc::O_DIRECTORY)?)?;
             Ok(())
         };
         let result = copy();
         if result.is_err() {
-            unsafe { libc::unlinkat(dir.raw_fd(), tmp.as_ptr(), 0) };
+            let _ = lower::unlinkat(dir.raw_fd(), &tmp, 0);
         }
         // The old inode's content is gone from this name; forget what was loaded for it.
         open.content = None;
@@ -140,18 +131,15 @@ fn apply_spec(settings: &mut PropertyValues, spec: &str) -> FsResult<()> {
 
 /// Gives the new lower file the old one's owner, mode, times and extended attributes.
 fn copy_metadata(old: &std::fs::Metadata, old_path: std::ffi::CString, new: &std::fs::File) -> FsResult<()> {
-    let fd = new.as_raw_fd();
-    check(unsafe { libc::fchown(fd, old.uid(), old.gid()) })?;
-    check(unsafe { libc::fchmod(fd, (old.mode() & 0o7777) as libc::mode_t) })?;
+    lower::fchown(new, old.uid(), old.gid())?;
+    lower::fchmod(new, old.mode() & 0o7777)?;
     let mut names = vec![0u8; 65536];
-    let n = unsafe { libc::listxattr(old_path.as_ptr(), names.as_mut_ptr() as *mut libc::c_char, names.len()) };
-    if n > 0 {
-        for name in names[..n as usize].split(|&b| b == 0).filter(|n| !n.is_empty()) {
+    if let Ok(n @ 1..) = lower::listxattr(&old_path, &mut names) {
+        for name in names[..n].split(|&b| b == 0).filter(|n| !n.is_empty()) {
             let cname = std::ffi::CString::new(name).expect("BUG: split on NUL");
             let mut value = vec![0u8; 65536];
-            let len = unsafe { libc::getxattr(old_path.as_ptr(), cname.as_ptr(), value.as_mut_ptr() as *mut libc::c_void, value.len()) };
-            if len >= 0 {
-                check(unsafe { libc::fsetxattr(fd, cname.as_ptr(), value.as_ptr() as *const libc::c_void, len as usize, 0) })?;
+            if let Ok(len) = lower::getxattr(&old_path, &cname, &mut value) {
+                lower::fsetxattr(new, &cname, &value[..len], 0)?;
             }
         }
     }
@@ -159,6 +147,6 @@ fn copy_metadata(old: &std::fs::Metadata, old_path: std::ffi::CString, new: &std
         libc::timespec { tv_sec: old.atime(), tv_nsec: old.atime_nsec() },
         libc::timespec { tv_sec: old.mtime(), tv_nsec: old.mtime_nsec() },
     ];
-    check(unsafe { libc::futimens(fd, times.as_ptr()) })?;
+    lower::futimens(new, &times)?;
     Ok(())
 }

@@ -258,8 +258,8 @@ impl Store {
             return;
         }
         let times = [libc::timespec { tv_sec: 0, tv_nsec: libc::UTIME_OMIT }, st.mtime];
-        if unsafe { libc::futimens(std::os::fd::AsRawFd::as_raw_fd(&self.lower), times.as_ptr()) } != 0 {
-            warn!(file = %self.label, "cannot keep the modification time: {}", std::io::Error::last_os_error());
+        if let Err(e) = lower::futimens(&self.lower, &times) {
+            warn!(file = %self.label, "cannot keep the modification time: {e}");
         }
         st.mtime_to_restore = false;
         st.ctime = None;

@@ -13,7 +13,6 @@
 //! The requests are the table in `crate::control` (reports, engine counters, recompress, the
 //! properties); the dispatch below matches on its [`Control`] values, never on spelled names.
 
-use super::error::check;
 use super::inodes::Node;
 use super::lower::{self, cstr};
 use super::props::{PROPS_XATTR, XATTR_PREFIX};
@@ -80,13 +79,11 @@ impl DenseFs {
         let (_node, path) = self.xattr_target(nodeid)?;
         let name = cstr(name)?;
         loop {
-            let len = check(unsafe { libc::getxattr(path.as_ptr(), name.as_ptr(), std::ptr::null_mut(), 0) as libc::c_int })?;
-            let mut buf = vec![0u8; len as usize];
-            match check(unsafe {
-                libc::getxattr(path.as_ptr(), name.as_ptr(), buf.as_mut_ptr() as *mut libc::c_void, buf.len()) as libc::c_int
-            }) {
+            let len = lower::getxattr(&path, &name, &mut [])?;
+            let mut buf = vec![0u8; len];
+            match lower::getxattr(&path, &name, &mut buf) {
                 Ok(n) => {
-                    buf.truncate(n as usize);
+                    buf.truncate(n);
                     return Ok(buf);
                 }
                 Err(e) if e.raw_os_error() == Some(libc::ERANGE) => continue, // grew meanwhile
@@ -99,11 +96,11 @@ impl DenseFs {
     pub fn listxattr(&self, nodeid: u64) -> FsResult<Vec<u8>> {
         let (_node, path) = self.xattr_target(nodeid)?;
         loop {
-            let len = check(unsafe { libc::listxattr(path.as_ptr(), std::ptr::null_mut(), 0) as libc::c_int })?;
-            let mut buf = vec![0u8; len as usize];
-            match check(unsafe { libc::listxattr(path.as_ptr(), buf.as_mut_ptr() as *mut libc::c_char, buf.len()) as libc::c_int }) {
+            let len = lower::listxattr(&path, &mut [])?;
+            let mut buf = vec![0u8; len];
+            match lower::listxattr(&path, &mut buf) {
                 Ok(n) => {
-                    buf.truncate(n as usize);
+                    buf.truncate(n);
                     return Ok(hide_own_names(&buf));
                 }
                 Err(e) if e.raw_os_error() == Some(libc::ERANGE) => continue,
@@ -127,7 +124,7 @@ impl DenseFs {
         }
         let (_node, path) = self.xattr_target(nodeid)?;
         let name = cstr(name)?;
-        check(unsafe { libc::setxattr(path.as_ptr(), name.as_ptr(), value.as_ptr() as *const libc::c_void, value.len(), flags) })?;
+        lower::setxattr(&path, &name, value, flags)?;
         Ok(())
     }
 
@@ -144,7 +141,7 @@ impl DenseFs {
         }
         let (_node, path) = self.xattr_target(nodeid)?;
         let name = cstr(name)?;
-        check(unsafe { libc::removexattr(path.as_ptr(), name.as_ptr()) })?;
+        lower::removexattr(&path, &name)?;
         Ok(())
     }
 }

@@ -38,6 +38,8 @@ impl std::fmt::Display for MinSavings {
 }
 
 pub fn is_all_zero(data: &[u8]) -> bool {
+    // SAFETY: every bit pattern is a valid u64, so viewing aligned runs of bytes as words is
+    // sound; align_to keeps the unaligned ends as bytes.
     let (head, words, tail) = unsafe { data.align_to::<u64>() };
     head.iter().all(|&b| b == 0) && words.iter().all(|&w| w == 0) && tail.iter().all(|&b| b == 0)
 }

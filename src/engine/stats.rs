@@ -238,7 +238,9 @@ impl Stats {
 
 /// User + system CPU time of this process so far.
 pub fn process_cpu_seconds() -> f64 {
+    // SAFETY: `rusage` is a plain C struct of integers; all zeros is a valid value.
     let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: getrusage writes only into `usage`.
     unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) };
     let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
     tv(usage.ru_utime) + tv(usage.ru_stime)

@@ -22,13 +22,20 @@ pub fn check(result: CUresult, what: &str) -> CudaResult<()> {
         return Ok(());
     }
     let mut name: *const std::ffi::c_char = std::ptr::null();
+    // SAFETY: cuGetErrorName only writes a pointer into `name` (left null for an unknown code).
     unsafe { sys::cuGetErrorName(result, &mut name) };
-    let name = if name.is_null() { format!("{result:?}") } else { unsafe { CStr::from_ptr(name) }.to_string_lossy().into_owned() };
+    let name = if name.is_null() {
+        format!("{result:?}")
+    } else {
+        // SAFETY: a name the driver returns is a static NUL-terminated string.
+        unsafe { CStr::from_ptr(name) }.to_string_lossy().into_owned()
+    };
     Err(CudaError(format!("{what}: {name}")))
 }
 
 /// Whether the NVIDIA driver library can be loaded at all (cudarc panics on first use otherwise).
 pub fn driver_present() -> bool {
+    // SAFETY: only tries to load the driver library; nothing is called through it.
     unsafe { sys::is_culib_present() }
 }
 
@@ -40,11 +47,16 @@ pub struct Gpu {
     pub driver_version: i32,
 }
 
+// SAFETY: a primary context is a process-wide driver object, usable from any thread (each
+// binds it with cuCtxSetCurrent); `Gpu` only holds its handle and the device number.
 unsafe impl Send for Gpu {}
+// SAFETY: as above; no method mutates the handle.
 unsafe impl Sync for Gpu {}
 
 impl Gpu {
     pub fn open(ordinal: i32) -> CudaResult<Arc<Gpu>> {
+        // SAFETY: every out-parameter is a live local of the type the driver writes; the name
+        // buffer's length is passed and the driver NUL-terminates the name within it.
         unsafe {
             check(sys::cuInit(0), "cuInit")?;
             let mut count = 0;
@@ -67,12 +79,14 @@ impl Gpu {
 
     /// Makes the context current on the calling thread (each worker thread calls it once).
     pub fn bind_thread(&self) -> CudaResult<()> {
+        // SAFETY: the context is retained for as long as `self` lives.
         check(unsafe { sys::cuCtxSetCurrent(self.ctx) }, "cuCtxSetCurrent")
     }
 }
 
 impl Drop for Gpu {
     fn drop(&mut self) {
+        // SAFETY: releases the one retain `open` made, once.
         unsafe { sys::cuDevicePrimaryCtxRelease_v2(self.device) };
     }
 }
@@ -81,22 +95,27 @@ pub struct Stream {
     pub raw: CUstream,
 }
 
+// SAFETY: a CUDA stream may be used from any thread bound to its context; `Stream` is only
+// moved, never shared.
 unsafe impl Send for Stream {}
 
 impl Stream {
     pub fn new() -> CudaResult<Stream> {
         let mut raw = std::ptr::null_mut();
+        // SAFETY: cuStreamCreate writes the new stream's handle into `raw`.
         check(unsafe { sys::cuStreamCreate(&mut raw, sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32) }, "cuStreamCreate")?;
         Ok(Stream { raw })
     }
 
     pub fn synchronize(&self) -> CudaResult<()> {
+        // SAFETY: the stream lives until `self` is dropped.
         check(unsafe { sys::cuStreamSynchronize(self.raw) }, "cuStreamSynchronize")
     }
 }
 
 impl Drop for Stream {
     fn drop(&mut self) {
+        // SAFETY: the stream was created by `new` and is destroyed once, here.
         unsafe { sys::cuStreamDestroy_v2(self.raw) };
     }
 }
@@ -107,11 +126,14 @@ pub struct DeviceBuffer {
     pub len: usize,
 }
 
+// SAFETY: device memory is addressed by a plain number valid in every thread of the context;
+// `DeviceBuffer` is only moved, never shared.
 unsafe impl Send for DeviceBuffer {}
 
 impl DeviceBuffer {
     pub fn new(len: usize) -> CudaResult<DeviceBuffer> {
         let mut ptr = 0;
+        // SAFETY: cuMemAlloc writes the new allocation's address into `ptr`.
         check(unsafe { sys::cuMemAlloc_v2(&mut ptr, len.max(1)) }, "cuMemAlloc")?;
         Ok(DeviceBuffer { ptr, len })
     }
@@ -124,6 +146,7 @@ impl DeviceBuffer {
 
 impl Drop for DeviceBuffer {
     fn drop(&mut self) {
+        // SAFETY: the allocation was made by `new` and is freed once, here.
         unsafe { sys::cuMemFree_v2(self.ptr) };
     }
 }
@@ -135,40 +158,55 @@ pub struct PinnedBuffer {
     len: usize,
 }
 
+// SAFETY: the buffer exclusively owns its page-locked allocation (no other pointer to it
+// escapes), like a Box<[u8]>; it is only moved, never shared.
 unsafe impl Send for PinnedBuffer {}
 
 impl PinnedBuffer {
     pub fn new(len: usize) -> CudaResult<PinnedBuffer> {
         let mut ptr: *mut c_void = std::ptr::null_mut();
+        // SAFETY: cuMemHostAlloc writes the new allocation's address into `ptr`.
         check(unsafe { sys::cuMemHostAlloc(&mut ptr, len.max(1), 0) }, "cuMemHostAlloc")?;
         Ok(PinnedBuffer { ptr: ptr as *mut u8, len })
     }
 
     pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: `ptr` is a live allocation of `len` bytes (at least 1 allocated) owned by self,
+        // borrowed mutably here.
         unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
     }
 
     pub fn as_slice(&self) -> &[u8] {
+        // SAFETY: `ptr` is a live allocation of `len` bytes (at least 1 allocated) owned by self.
         unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
     }
 
     /// Host → device, queued on `stream`.
     pub fn upload(&self, range: std::ops::Range<usize>, to: CUdeviceptr, stream: &Stream) -> CudaResult<()> {
         assert!(range.end <= self.len);
+        // SAFETY: range.start <= range.end <= len (asserted), so the pointer stays within the
+        // allocation.
         let src = unsafe { self.ptr.add(range.start) } as *const c_void;
+        // SAFETY: the copy reads range.len() bytes within the allocation; the lane writes
+        // them again only after synchronizing the stream (run_batch).
         check(unsafe { sys::cuMemcpyHtoDAsync_v2(to, src, range.len(), stream.raw) }, "cuMemcpyHtoDAsync")
     }
 
     /// Device → host, queued on `stream`.
     pub fn download(&mut self, from: CUdeviceptr, range: std::ops::Range<usize>, stream: &Stream) -> CudaResult<()> {
         assert!(range.end <= self.len);
+        // SAFETY: range.start <= range.end <= len (asserted), so the pointer stays within the
+        // allocation.
         let dst = unsafe { self.ptr.add(range.start) } as *mut c_void;
+        // SAFETY: the copy writes range.len() bytes within the allocation; the lane reads them
+        // only after synchronizing the stream (run_batch).
         check(unsafe { sys::cuMemcpyDtoHAsync_v2(dst, from, range.len(), stream.raw) }, "cuMemcpyDtoHAsync")
     }
 }
 
 impl Drop for PinnedBuffer {
     fn drop(&mut self) {
+        // SAFETY: the allocation was made by `new` and is freed once, here.
         unsafe { sys::cuMemFreeHost(self.ptr as *mut c_void) };
     }
 }

@@ -292,6 +292,8 @@ impl LaneState {
             while len <= chunk {
                 let n = c.max_batch.min((c.batch_bytes / len).max(1));
                 let mut t = 0usize;
+                // SAFETY: a size query: nvCOMP writes one usize into `t` and reads nothing else
+                // (no stream: null).
                 let s = unsafe {
                     if key.compress {
                         (f.compress_temp_size)(n, len, key.opts(), &mut t, c.batch_bytes, std::ptr::null_mut())
@@ -306,6 +308,7 @@ impl LaneState {
             if key.compress {
                 for len in [4 << 10, 64 << 10, 128 << 10, chunk] {
                     let mut m = 0usize;
+                    // SAFETY: nvCOMP writes one usize into `m`.
                     nv_check(unsafe { (f.max_output_chunk_size)(len.min(chunk), key.opts(), &mut m) }, "GetMaxOutputChunkSize")?;
                     worst_out = worst_out.max(m.div_ceil(len.min(chunk)));
                 }
@@ -445,6 +448,7 @@ fn run_batch(shared: &Shared, st: &mut LaneState, key: Key, inputs: &[&[u8]], le
     let mut out_cap = Vec::with_capacity(n);
     if key.compress {
         let mut bound = 0usize;
+        // SAFETY: nvCOMP writes one usize into `bound`.
         nv_check(unsafe { (f.max_output_chunk_size)(max_len, opts, &mut bound) }, "GetMaxOutputChunkSize")?;
         let slot = align(bound);
         for i in 0..n {
@@ -476,6 +480,7 @@ fn run_batch(shared: &Shared, st: &mut LaneState, key: Key, inputs: &[&[u8]], le
         }
     }
     let mut temp_needed = 0usize;
+    // SAFETY: a size query: nvCOMP writes one usize into `temp_needed`; the stream is live.
     let s = unsafe {
         if key.compress {
             (f.compress_temp_size)(n, max_len, opts, &mut temp_needed, in_total, st.stream.raw as nvcomp::Stream)
@@ -491,6 +496,10 @@ fn run_batch(shared: &Shared, st: &mut LaneState, key: Key, inputs: &[&[u8]], le
     st.host_meta.upload(0..arr(4), st.dev_meta.ptr, &st.stream)?;
     let m = |k: usize| st.dev_meta.at(arr(k));
     let stream = st.stream.raw as nvcomp::Stream;
+    // SAFETY: every pointer is device memory of this lane, sized for the batch: the metadata
+    // arrays hold max_batch >= n entries each, the input and output slots were checked against
+    // the buffers above, and the temp space against what nvCOMP asked for; the stream is live
+    // and is synchronized before any of it is read or reused.
     let status = unsafe {
         if key.compress {
             (f.compress)(

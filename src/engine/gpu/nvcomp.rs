@@ -99,7 +99,11 @@ pub struct Nvcomp {
     _lib: Library,
 }
 
+/// A function pointer from `lib`; `T` must be the symbol's C signature (the types above,
+/// bound against the 6.0 headers), and stays valid while `lib` is loaded (`Nvcomp` keeps it).
 fn symbol<T: Copy>(lib: &Library, name: &str) -> Result<T, String> {
+    // SAFETY: every caller names an nvCOMP 6 function with its header's signature as `T`; the
+    // copied pointer is used only while `Nvcomp` holds the library.
     unsafe { lib.get::<T>(name.as_bytes()).map(|s| *s).map_err(|e| format!("{name}: {e}")) }
 }
 
@@ -158,6 +162,9 @@ impl Nvcomp {
             if path.components().count() > 1 && !path.exists() {
                 continue;
             }
+            // SAFETY: loading runs the library's initializers, which nvCOMP (made to be loaded
+            // at run time, as its Python wheels do) allows at any point; nothing is called
+            // before `bind` checks the version.
             match unsafe { Library::new(&path) } {
                 Ok(lib) => return Nvcomp::bind(lib, path),
                 Err(e) => tried.push(format!("{}: {e}", path.display())),
@@ -172,6 +179,7 @@ impl Nvcomp {
     fn bind(lib: Library, path: PathBuf) -> Result<Nvcomp, String> {
         let get_properties: unsafe extern "C" fn(*mut Properties) -> Status = symbol(&lib, "nvcompGetProperties")?;
         let mut props = Properties::default();
+        // SAFETY: nvcompGetProperties writes one Properties struct (repr(C), as in the header).
         let status = unsafe { get_properties(&mut props) };
         if status != SUCCESS {
             return Err(format!("nvcompGetProperties failed: {}", status_name(status)));
@@ -236,6 +244,7 @@ mod tests {
         assert_eq!(nv.version / 1000, 6);
         let max = |f: &Format, opts: Opts, len: usize| {
             let mut n = 0usize;
+            // SAFETY: nvCOMP writes one usize into `n`.
             assert_eq!(unsafe { (f.max_output_chunk_size)(len, opts, &mut n) }, SUCCESS, "{}", f.name);
             n
         };
@@ -248,6 +257,7 @@ mod tests {
             let deflate = max(&nv.deflate, Opts::deflate(algorithm), 131072);
             assert!((131072..131072 * 4).contains(&deflate), "{deflate}");
             let mut temp = 0usize;
+            // SAFETY: a size query: nvCOMP writes one usize into `temp` (no stream: null).
             let s = unsafe {
                 (nv.deflate.compress_temp_size)(64, 131072, Opts::deflate(algorithm), &mut temp, 64 * 131072, std::ptr::null_mut())
             };
@@ -256,6 +266,7 @@ mod tests {
         }
         for f in [&nv.lz4, &nv.deflate, &nv.zstd] {
             let mut a = Alignments::default();
+            // SAFETY: nvCOMP writes one Alignments struct (repr(C), as in the header) into `a`.
             assert_eq!(unsafe { (f.compress_alignments)(Opts::ZERO, &mut a) }, SUCCESS);
             assert!(a.input.is_power_of_two() && a.output.is_power_of_two() && a.temp.is_power_of_two(), "{} {a:?}", f.name);
             assert!(a.input <= 256 && a.output <= 256 && a.temp <= 256, "{} {a:?}", f.name);

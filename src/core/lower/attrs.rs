@@ -1,0 +1,49 @@
+//! Owner, mode and times, by name in a directory, by path, or on an open file.
+
+use crate::core::error::check;
+use std::ffi::CStr;
+use std::fs::File;
+use std::io;
+use std::os::fd::{AsRawFd, RawFd};
+
+/// fchownat(2) (`u32::MAX` leaves the uid or gid as it is).
+pub fn fchownat(dir: RawFd, name: &CStr, uid: u32, gid: u32, flags: libc::c_int) -> io::Result<()> {
+    // SAFETY: `name` is NUL-terminated and outlives the call.
+    check(unsafe { libc::fchownat(dir, name.as_ptr(), uid, gid, flags) })?;
+    Ok(())
+}
+
+/// fchown(2).
+pub fn fchown(file: &File, uid: u32, gid: u32) -> io::Result<()> {
+    // SAFETY: a plain call on the descriptor `file` owns.
+    check(unsafe { libc::fchown(file.as_raw_fd(), uid, gid) })?;
+    Ok(())
+}
+
+/// chmod(2) of a path (here a /proc/self/fd path: follows the magic link to the inode).
+pub fn chmod(path: &CStr, mode: u32) -> io::Result<()> {
+    // SAFETY: `path` is NUL-terminated and outlives the call.
+    check(unsafe { libc::chmod(path.as_ptr(), mode as libc::mode_t) })?;
+    Ok(())
+}
+
+/// fchmod(2).
+pub fn fchmod(file: &File, mode: u32) -> io::Result<()> {
+    // SAFETY: a plain call on the descriptor `file` owns.
+    check(unsafe { libc::fchmod(file.as_raw_fd(), mode as libc::mode_t) })?;
+    Ok(())
+}
+
+/// utimensat(2): access and modification times (UTIME_NOW, UTIME_OMIT allowed).
+pub fn utimensat(dir: RawFd, path: &CStr, times: &[libc::timespec; 2], flags: libc::c_int) -> io::Result<()> {
+    // SAFETY: `path` is NUL-terminated; the kernel reads the two timespecs of `times`.
+    check(unsafe { libc::utimensat(dir, path.as_ptr(), times.as_ptr(), flags) })?;
+    Ok(())
+}
+
+/// futimens(2): access and modification times of an open file (UTIME_NOW, UTIME_OMIT allowed).
+pub fn futimens(file: &File, times: &[libc::timespec; 2]) -> io::Result<()> {
+    // SAFETY: the kernel reads the two timespecs of `times`; `file` owns the descriptor.
+    check(unsafe { libc::futimens(file.as_raw_fd(), times.as_ptr()) })?;
+    Ok(())
+}

@@ -1,0 +1,176 @@
+//! The core's one way to the system: every raw libc call the file system makes on the lower tree
+//! (and the few about the process itself) is a safe wrapper here, with Rust types in and
+//! `io::Result` out (errno read right after the failing call). Every path the daemon touches is
+//! a single name relative to a directory fd it already holds, opened with O_NOFOLLOW, so nothing
+//! resolves outside the lower directory. Descriptors come as `RawFd` (a stale one fails with
+//! EBADF, it cannot corrupt memory) or `&File`, names as `&CStr`; flags reach the kernel as given.
+//!
+//! - this file: names as C strings, opening, stat, the process (time, user, fd limit);
+//! - `names.rs`: directory entries (create, link, rename, remove, read a directory);
+//! - `attrs.rs`: owner, mode and times;
+//! - `xattrs.rs`: extended attributes;
+//! - `fileio.rs`: reads, writes, space, syncing and seeking on open files;
+//! - `handles.rs`: kernel file handles (inodes opened by number).
+
+mod attrs;
+mod fileio;
+mod handles;
+mod names;
+mod xattrs;
+
+pub use attrs::*;
+pub use fileio::*;
+pub use handles::*;
+pub use names::*;
+pub use xattrs::*;
+
+use super::error::check;
+use std::ffi::{CStr, CString, OsStr};
+use std::fs::File;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
+
+/// A length-returning call's result (readlink, the xattr calls): the length, or errno on -1.
+fn check_len(ret: libc::ssize_t) -> io::Result<usize> {
+    if ret < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(ret as usize)
+    }
+}
+
+// ---- names and paths ------------------------------------------------------------------
+
+/// `name` as a C string; a name holding a NUL byte is EINVAL.
+pub fn cstr(name: &OsStr) -> io::Result<CString> {
+    CString::new(name.as_bytes()).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))
+}
+
+/// The /proc path through which an O_PATH fd can be reopened or passed to path-only calls.
+pub fn proc_path(fd: RawFd) -> CString {
+    CString::new(format!("/proc/self/fd/{fd}")).expect("BUG: no NUL in a number")
+}
+
+// ---- opening --------------------------------------------------------------------------
+
+/// Opens `name` in `dir` as an O_PATH descriptor, not following a symlink.
+pub fn open_path(dir: RawFd, name: &OsStr) -> io::Result<OwnedFd> {
+    let name = cstr(name)?;
+    // SAFETY: `name` is NUL-terminated and outlives the call.
+    let fd = check(unsafe { libc::openat(dir, name.as_ptr(), libc::O_PATH | libc::O_NOFOLLOW | libc::O_CLOEXEC) })?;
+    // SAFETY: openat just returned this descriptor and nothing else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Opens the lower root directory (O_PATH).
+pub fn open_root(path: &std::path::Path) -> io::Result<OwnedFd> {
+    let path = cstr(path.as_os_str())?;
+    // SAFETY: `path` is NUL-terminated and outlives the call.
+    let fd = check(unsafe { libc::open(path.as_ptr(), libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC) })?;
+    // SAFETY: open just returned this descriptor and nothing else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// openat(2) of `name` in `dir` for I/O, `flags` as given (callers pass O_NOFOLLOW and
+/// O_CLOEXEC); `mode` is used when the flags create the file.
+pub fn openat(dir: RawFd, name: &CStr, flags: libc::c_int, mode: u32) -> io::Result<File> {
+    // SAFETY: `name` is NUL-terminated and outlives the call; the mode is a plain integer.
+    let fd = check(unsafe { libc::openat(dir, name.as_ptr(), flags, mode as libc::c_uint) })?;
+    // SAFETY: openat just returned this descriptor and nothing else owns it.
+    Ok(unsafe { File::from_raw_fd(fd) })
+}
+
+/// Opens the inode behind an O_PATH fd for I/O.
+pub fn reopen(path_fd: RawFd, flags: libc::c_int) -> io::Result<File> {
+    let path = proc_path(path_fd);
+    // SAFETY: `path` is NUL-terminated and outlives the call.
+    let fd = check(unsafe { libc::open(path.as_ptr(), flags | libc::O_CLOEXEC) })?;
+    // SAFETY: open just returned this descriptor and nothing else owns it.
+    Ok(unsafe { File::from_raw_fd(fd) })
+}
+
+/// Opens the inode behind an O_PATH fd for reading. `noatime`: without moving its access time
+/// (the daemon's own reads, and every read of a read-only mount); O_NOATIME is refused on files
+/// the daemon does not own, which are then opened plainly.
+pub fn reopen_read(path_fd: RawFd, noatime: bool) -> io::Result<File> {
+    if noatime {
+        match reopen(path_fd, libc::O_RDONLY | libc::O_NOATIME) {
+            Err(e) if e.raw_os_error() == Some(libc::EPERM) => {}
+            other => return other,
+        }
+    }
+    reopen(path_fd, libc::O_RDONLY)
+}
+
+/// Makes `file` (opened read-only) writable in place: the inode is reopened read-write and the
+/// new open file description takes over the same descriptor number (dup3 is atomic), so every
+/// holder of `file` writes through it from then on.
+pub fn upgrade_to_write(file: &File, path_fd: RawFd) -> io::Result<()> {
+    // SAFETY: F_GETFL takes no argument and only reads the descriptor `file` owns.
+    let flags = check(unsafe { libc::fcntl(file.as_raw_fd(), libc::F_GETFL) })?;
+    if flags & libc::O_ACCMODE != libc::O_RDONLY {
+        return Ok(());
+    }
+    let writable = reopen(path_fd, libc::O_RDWR)?;
+    // SAFETY: both descriptors are open and owned (`writable`, `file`); dup3 atomically makes
+    // file's number refer to the new description, which `file` keeps owning; `writable` still
+    // closes only its own number.
+    check(unsafe { libc::dup3(writable.as_raw_fd(), file.as_raw_fd(), libc::O_CLOEXEC) })?;
+    Ok(())
+}
+
+// ---- status ---------------------------------------------------------------------------
+
+/// The (device, inode number) of `name` in directory `dir`, without following a symlink; `None`
+/// if it cannot be stat'ed.
+pub fn id_at(dir: RawFd, name: &CStr) -> Option<(u64, u64)> {
+    // SAFETY: `stat` is a plain C struct of integers; all zeros is a valid value.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: `name` is NUL-terminated; fstatat writes only into `st`.
+    let found = unsafe { libc::fstatat(dir, name.as_ptr(), &mut st, libc::AT_SYMLINK_NOFOLLOW) } == 0;
+    found.then_some((st.st_dev, st.st_ino))
+}
+
+/// fstat of any descriptor, O_PATH ones included (fstatat with AT_EMPTY_PATH), not following a
+/// symlink.
+pub fn stat_fd(fd: RawFd) -> io::Result<libc::stat> {
+    // SAFETY: `stat` is a plain C struct of integers; all zeros is a valid value.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: the empty path is a NUL-terminated static string; fstatat writes only into `st`.
+    check(unsafe { libc::fstatat(fd, c"".as_ptr(), &mut st, libc::AT_EMPTY_PATH | libc::AT_SYMLINK_NOFOLLOW) })?;
+    Ok(st)
+}
+
+/// fstatvfs(2): the statistics of the file system `fd` is on.
+pub fn fstatvfs(fd: RawFd) -> io::Result<libc::statvfs> {
+    // SAFETY: `statvfs` is a plain C struct of integers; all zeros is a valid value.
+    let mut sv: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: fstatvfs writes only into `sv`.
+    check(unsafe { libc::fstatvfs(fd, &mut sv) })?;
+    Ok(sv)
+}
+
+// ---- the process ----------------------------------------------------------------------
+
+/// The current time, as the kernel stamps files.
+pub fn now() -> libc::timespec {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime writes only into `ts`.
+    unsafe { libc::clock_gettime(libc::CLOCK_REALTIME, &mut ts) };
+    ts
+}
+
+/// The effective user id of the daemon (0: root).
+pub fn geteuid() -> u32 {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() }
+}
+
+/// The soft limit on open descriptors (getrlimit RLIMIT_NOFILE).
+pub fn nofile_limit() -> io::Result<u64> {
+    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit writes only into `lim`.
+    check(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) })?;
+    Ok(lim.rlim_cur)
+}

@@ -1,0 +1,58 @@
+//! Extended attributes, by path (the core passes /proc/self/fd paths, see core/xattr.rs) or on
+//! an open file. An empty buffer asks for the length only (a null buffer of size 0).
+
+use super::check_len;
+use crate::core::error::check;
+use std::ffi::CStr;
+use std::fs::File;
+use std::io;
+use std::os::fd::AsRawFd;
+
+/// The buffer pointer to hand the kernel: null for an empty buffer (a length query).
+fn out_ptr(buf: &mut [u8]) -> *mut u8 {
+    if buf.is_empty() {
+        std::ptr::null_mut()
+    } else {
+        buf.as_mut_ptr()
+    }
+}
+
+/// getxattr(2) into `buf`: the value's length (ERANGE if `buf` is too small; empty: the
+/// length only).
+pub fn getxattr(path: &CStr, name: &CStr, buf: &mut [u8]) -> io::Result<usize> {
+    let len = buf.len();
+    // SAFETY: both strings are NUL-terminated; the kernel writes at most `len` bytes into
+    // `buf` (nothing for a null pointer with length 0).
+    check_len(unsafe { libc::getxattr(path.as_ptr(), name.as_ptr(), out_ptr(buf).cast(), len) })
+}
+
+/// listxattr(2) into `buf`: the length of the NUL-separated name list (ERANGE if `buf` is too
+/// small; empty: the length only).
+pub fn listxattr(path: &CStr, buf: &mut [u8]) -> io::Result<usize> {
+    let len = buf.len();
+    // SAFETY: `path` is NUL-terminated; the kernel writes at most `len` bytes into `buf`
+    // (nothing for a null pointer with length 0).
+    check_len(unsafe { libc::listxattr(path.as_ptr(), out_ptr(buf).cast(), len) })
+}
+
+/// setxattr(2) (`flags`: 0, XATTR_CREATE or XATTR_REPLACE).
+pub fn setxattr(path: &CStr, name: &CStr, value: &[u8], flags: libc::c_int) -> io::Result<()> {
+    // SAFETY: both strings are NUL-terminated; the kernel reads value.len() bytes of `value`.
+    check(unsafe { libc::setxattr(path.as_ptr(), name.as_ptr(), value.as_ptr().cast(), value.len(), flags) })?;
+    Ok(())
+}
+
+/// fsetxattr(2).
+pub fn fsetxattr(file: &File, name: &CStr, value: &[u8], flags: libc::c_int) -> io::Result<()> {
+    // SAFETY: `name` is NUL-terminated; the kernel reads value.len() bytes of `value`; `file`
+    // owns the descriptor.
+    check(unsafe { libc::fsetxattr(file.as_raw_fd(), name.as_ptr(), value.as_ptr().cast(), value.len(), flags) })?;
+    Ok(())
+}
+
+/// removexattr(2).
+pub fn removexattr(path: &CStr, name: &CStr) -> io::Result<()> {
+    // SAFETY: both strings are NUL-terminated and outlive the call.
+    check(unsafe { libc::removexattr(path.as_ptr(), name.as_ptr()) })?;
+    Ok(())
+}
