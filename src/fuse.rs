@@ -80,6 +80,12 @@ fn fuse_attr(a: &Attr) -> FileAttr {
     }
 }
 
+/// Under FUSE_HANDLE_KILLPRIV_V2 the kernel flags truncates and O_TRUNC opens by callers without
+/// CAP_FSETID in fields fuser does not pass on; a caller other than root stands for that here.
+fn lacks_fsetid(req: &Request) -> bool {
+    req.uid() != 0
+}
+
 fn caller(req: &Request) -> Caller {
     Caller { uid: req.uid(), gid: req.gid() }
 }
@@ -125,6 +131,9 @@ impl Filesystem for FuseAdapter {
         let _ = config.set_max_write(MAX_WRITE);
         let _ = config.set_max_readahead(MAX_WRITE);
         let _ = config.add_capabilities(InitFlags::FUSE_PARALLEL_DIROPS);
+        // Writers without CAP_FSETID are flagged and the daemon drops setuid/setgid/capabilities
+        // itself (DenseFs::write), so the kernel asks for security.capability before no write.
+        let _ = config.add_capabilities(InitFlags::FUSE_HANDLE_KILLPRIV_V2);
         // File handles that outlive the kernel's inode cache and the daemon (NFS export): the
         // kernel resolves them with LOOKUP(node, ".") and LOOKUP(node, "..").
         let _ = config.add_capabilities(InitFlags::FUSE_EXPORT_SUPPORT);
@@ -152,7 +161,7 @@ impl Filesystem for FuseAdapter {
 
     fn setattr(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         mode: Option<u32>,
         uid: Option<u32>,
@@ -168,7 +177,7 @@ impl Filesystem for FuseAdapter {
         _flags: Option<fuser::BsdFileFlags>,
         reply: ReplyAttr,
     ) {
-        let set = SetAttr { mode, uid, gid, size, atime: set_time(atime), mtime: set_time(mtime) };
+        let set = SetAttr { mode, uid, gid, size, atime: set_time(atime), mtime: set_time(mtime), kill_privileges: lacks_fsetid(req) };
         match self.fs.setattr(ino.0, fh.map(|f| f.0), set) {
             Ok(attr) => reply.attr(&TTL, &fuse_attr(&attr)),
             Err(e) => reply.error(errno("setattr", e)),
@@ -219,9 +228,9 @@ impl Filesystem for FuseAdapter {
         entry_reply!(self, reply, "link", self.fs.link(ino.0, newparent.0, newname))
     }
 
-    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+    fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         self.tune_read_ahead();
-        match self.fs.open(ino.0, flags.0) {
+        match self.fs.open(ino.0, flags.0, lacks_fsetid(req)) {
             // Every change to a file's contents passes through this mount, so the kernel's cached
             // pages stay right across opens.
             Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::FOPEN_KEEP_CACHE),
@@ -253,12 +262,12 @@ impl Filesystem for FuseAdapter {
         fh: FileHandle,
         offset: u64,
         data: &[u8],
-        _write_flags: WriteFlags,
+        write_flags: WriteFlags,
         _flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
-        match self.fs.write(fh.0, offset, data) {
+        match self.fs.write(fh.0, offset, data, write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID)) {
             Ok(n) => reply.written(n as u32),
             Err(e) => reply.error(errno("write", e)),
         }

@@ -153,6 +153,19 @@ fn writes_by_other_users_clear_setuid_and_setgid_as_on_ext4() {
             assert!(out.status.success(), "{name}: {}", String::from_utf8_lossy(&out.stderr));
         }
     }
+    // File capabilities go with any write by another user, on ext4 and through densefs.
+    for dir in [&reference, &d.mnt] {
+        let p = dir.join("capable");
+        fs::write(&p, b"#!/bin/sh\n").unwrap();
+        chown(&p, Some(nobody), Some(nobody)).unwrap();
+        fs::set_permissions(&p, fs::Permissions::from_mode(0o777)).unwrap();
+        let out = Command::new("setcap").args(["cap_net_raw+ep", s(&p)]).output().expect("setcap (libcap2-bin)");
+        assert!(out.status.success(), "setcap: {}", String::from_utf8_lossy(&out.stderr));
+        let caps = || String::from_utf8_lossy(&Command::new("getcap").arg(&p).output().unwrap().stdout).into_owned();
+        assert!(caps().contains("cap_net_raw"), "{}", caps());
+        assert!(as_nobody(&["sh", "-c", "echo more >> \"$1\"", "sh", s(&p)]).status.success());
+        assert_eq!(caps(), "", "{}: a write by another user keeps the file's capabilities", p.display());
+    }
     let mode = |p: &Path| fs::metadata(p).unwrap().permissions().mode() & 0o7777;
     for name in cases.iter().map(|c| c.0).chain(["root_writes"]) {
         assert_eq!(mode(&m.path(name)), mode(&reference.join(name)), "{name}: densefs vs ext4");

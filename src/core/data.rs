@@ -45,6 +45,8 @@ pub struct SetAttr {
     pub size: Option<u64>,
     pub atime: Option<SetTime>,
     pub mtime: Option<SetTime>,
+    /// The caller lacks CAP_FSETID: a size change drops setuid/setgid (see `write`).
+    pub kill_privileges: bool,
 }
 
 fn timespec(t: Option<SetTime>) -> libc::timespec {
@@ -123,11 +125,15 @@ impl DenseFs {
         Ok(self.new_handle(Handle::File { inode: inode.inode.clone(), content, writable }))
     }
 
-    pub fn open(&self, nodeid: u64, flags: i32) -> FsResult<u64> {
+    /// `kill_privileges`: as for `write`, for an O_TRUNC open.
+    pub fn open(&self, nodeid: u64, flags: i32, kill_privileges: bool) -> FsResult<u64> {
         let inode = self.inode(nodeid)?;
         let writable = flags & libc::O_ACCMODE != libc::O_RDONLY;
         let fh = self.open_inode(&inode, writable)?;
         if flags & libc::O_TRUNC != 0 && writable {
+            if kill_privileges {
+                self.kill_privileges(&inode)?;
+            }
             if let Err(e) = self.truncate_content(&self.file_content(fh)?, 0) {
                 self.release(fh);
                 return Err(e);
@@ -178,7 +184,18 @@ impl DenseFs {
         }
     }
 
-    pub fn write(&self, fh: u64, offset: u64, data: &[u8]) -> FsResult<usize> {
+    /// `kill_privileges`: the writer lacks CAP_FSETID (the kernel's FUSE_WRITE_KILL_SUIDGID),
+    /// so, as on a local file system, the file loses setuid, and setgid where its group may
+    /// execute. Under FUSE_HANDLE_KILLPRIV_V2 the kernel leaves this to the daemon and asks for
+    /// security.capability once per inode instead of before every write (it still removes
+    /// capabilities itself).
+    pub fn write(&self, fh: u64, offset: u64, data: &[u8], kill_privileges: bool) -> FsResult<usize> {
+        if kill_privileges {
+            let handle = self.handle(fh)?;
+            if let Handle::File { inode, .. } = &*handle {
+                self.kill_privileges(&self.inode(inode.nodeid)?)?;
+            }
+        }
         match self.file_content(fh)? {
             Content::Container(c) => c.write(offset, data),
             Content::Plain(file) => {
@@ -271,6 +288,18 @@ impl DenseFs {
         }
     }
 
+    fn kill_privileges(&self, inode: &Node) -> FsResult<()> {
+        let mode = lower::stat_fd(inode.raw_fd())?.st_mode & 0o7777;
+        let mut kill = libc::S_ISUID;
+        if mode & libc::S_IXGRP != 0 {
+            kill |= libc::S_ISGID;
+        }
+        if mode & kill != 0 {
+            lower::chmod(&lower::proc_path(inode.raw_fd()), mode & !kill)?;
+        }
+        Ok(())
+    }
+
     pub fn setattr(&self, nodeid: u64, fh: Option<u64>, set: SetAttr) -> FsResult<Attr> {
         let inode = self.inode(nodeid)?;
         let path = lower::proc_path(inode.raw_fd());
@@ -283,6 +312,9 @@ impl DenseFs {
             lower::fchownat(inode.raw_fd(), c"", uid, gid, libc::AT_EMPTY_PATH | libc::AT_SYMLINK_NOFOLLOW)?;
         }
         if let Some(size) = set.size {
+            if set.kill_privileges {
+                self.kill_privileges(&inode)?;
+            }
             match fh.and_then(|fh| self.file_content(fh).ok()) {
                 Some(content) => self.truncate_content(&content, size)?,
                 None => self.with_content(&inode, |content| self.truncate_content(content, size))?,
