@@ -85,6 +85,12 @@ impl std::fmt::Display for FormatError {
 
 impl std::error::Error for FormatError {}
 
+impl From<CodecError> for FormatError {
+    fn from(e: CodecError) -> FormatError {
+        FormatError::Codec(e)
+    }
+}
+
 fn le_u16(b: &[u8], at: usize) -> u16 {
     u16::from_le_bytes(b[at..at + 2].try_into().expect("BUG: slice of 2"))
 }

@@ -21,7 +21,7 @@ pub fn verify_and_decode(
         return Err(FormatError::ChecksumMismatch);
     }
     let mut out = vec![0u8; logical_len];
-    codec.decompress(stored, &mut out).map_err(FormatError::Codec)?;
+    codec.decompress(stored, &mut out)?;
     Ok(out)
 }
 
