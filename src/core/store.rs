@@ -51,8 +51,9 @@ pub struct StoreState {
     /// Groups healed in this run, and how many exist (for dropping the range once all are).
     healed: HashSet<u64>,
     groups_to_heal: u64,
-    /// Whether this run's epochs are recorded durably in the header: done before the run's
-    /// first descriptor write, so a later run never reuses them.
+    /// Whether a header recording this run's epochs is durable: done before the run writes
+    /// anything else (its first copy), so a later run never reuses them; and for a new or emptied
+    /// file, so a power cut never leaves its data in a lower file whose block 0 is lost.
     announced: bool,
     /// Healed tables (in the cache) not written yet: a run that only reads writes nothing.
     unpersisted: HashSet<u64>,
@@ -220,8 +221,7 @@ impl Store {
     /// file gets data or a size: an empty file stays an empty lower file.
     pub fn create(lower: File, header: &Header, label: String) -> std::io::Result<(Store, StoreState)> {
         let (store, mut state) = Store::open(lower, header, label)?;
-        // This run's epochs are already past what the header will say: no announcement needed.
-        state.announced = true;
+        // Announced (header written and synced) with its first data or size.
         state.header_on_disk = false;
         Ok((store, state))
     }
@@ -397,8 +397,13 @@ impl Store {
         Ok(lower::seek_data(&self.lower, from)?.map(|off| self.layout.lower_off_to_group(off).max(group)))
     }
 
-    /// Records this run's epochs in the header, durably, before its first descriptor write;
-    /// then writes the tables healed so far.
+    /// Records this run's epochs in the header, durably, before the run writes anything else
+    /// (its first copy or size); then writes the tables healed so far.
+    ///
+    /// A new or emptied file (an empty lower file) gets its first header here, synced before any
+    /// data: a power cut can undo any write not covered by a sync while the lower file keeps the
+    /// length later writes gave it, and a lower file whose block 0 went back to zeros with data
+    /// behind it would be taken for a plain file, its slots served as its bytes.
     fn announce(&self, st: &mut StoreState) -> FsResult<()> {
         if st.announced {
             return Ok(());
@@ -407,7 +412,7 @@ impl Store {
         // The size stays what the last header said: records of this run may still be dirty
         // (say, a tail zeroed before the file grew), and a larger size must not reach the disk
         // before they have landed, or a crash would show what they held before.
-        self.write_header_sized(st, st.persisted_size)?;
+        self.write_header_sized(st, st.persisted_size, true)?;
         lower::fdatasync(&self.lower)?;
         st.announced = true;
         for group in std::mem::take(&mut st.unpersisted) {
@@ -423,13 +428,9 @@ impl Store {
 
     fn set_descriptor(&self, st: &mut StoreState, record: u64, slot: usize, state: SlotState) -> FsResult<()> {
         if matches!(state, SlotState::Valid(_)) {
+            // Also a new file's first header: descriptors alone would make it a container whose
+            // header is gone.
             self.announce(st)?;
-            if !st.header_on_disk {
-                // A new file's first record: its header goes first (the descriptors alone would
-                // make it a container whose header is gone).
-                st.header_stale = true;
-                self.write_header(st)?;
-            }
         }
         st.touch();
         let bytes = state.encode();
@@ -445,16 +446,21 @@ impl Store {
 
     /// Writes the header (if anything in it changed), recording the current size.
     pub fn write_header(&self, st: &mut StoreState) -> FsResult<()> {
-        self.write_header_sized(st, st.size)
+        if !st.header_on_disk {
+            if st.size == 0 {
+                return Ok(()); // an empty new file stays an empty lower file
+            }
+            self.announce(st)?; // its first header, durable
+        }
+        self.write_header_sized(st, st.size, false)
     }
 
-    fn write_header_sized(&self, st: &mut StoreState, size: u64) -> FsResult<()> {
+    /// `first`: the lower file may be empty (announcing a new file): its first header is written.
+    fn write_header_sized(&self, st: &mut StoreState, size: u64, first: bool) -> FsResult<()> {
         if size == st.persisted_size && !st.header_stale {
             return Ok(());
         }
-        if size == 0 && !st.header_on_disk {
-            return Ok(()); // an empty new file stays an empty lower file
-        }
+        debug_assert!(st.header_on_disk || first, "BUG: a new file's first header goes through announce");
         st.touch();
         let sequence = st.header_seq + 1;
         let header = Header {

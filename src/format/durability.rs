@@ -37,7 +37,8 @@ impl Epochs {
     }
 
     /// The `durable_below` a new file's header starts with: the run that creates it starts past
-    /// it, so it needs no announcement before its first write.
+    /// it, so no earlier run's epochs can be reused. (Its first header is still synced before its
+    /// first data, so that a power cut cannot leave the data without it: the store's `announce`.)
     pub const NEW_FILE_DURABLE_BELOW: u64 = EPOCH_GAP;
 
     pub fn is_durable(&self, epoch: u64) -> bool {

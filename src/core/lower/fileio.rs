@@ -32,6 +32,8 @@ pub fn pread_full(file: &File, buf: &mut [u8], offset: u64) -> io::Result<usize>
 }
 
 pub fn pwrite_all(file: &File, buf: &[u8], offset: u64) -> io::Result<()> {
+    #[cfg(test)]
+    power_cut::before_write(file, offset, buf.len());
     file.write_all_at(buf, offset)
 }
 
@@ -52,12 +54,18 @@ pub fn punch_hole(file: &File, offset: u64, len: u64) -> io::Result<()> {
 
 pub fn fdatasync(file: &File) -> io::Result<()> {
     // SAFETY: a plain call on the descriptor `file` owns.
-    check(unsafe { libc::fdatasync(file.as_raw_fd()) }).map(|_| ())
+    check(unsafe { libc::fdatasync(file.as_raw_fd()) })?;
+    #[cfg(test)]
+    power_cut::synced(file);
+    Ok(())
 }
 
 pub fn fsync(file: &File) -> io::Result<()> {
     // SAFETY: a plain call on the descriptor `file` owns.
-    check(unsafe { libc::fsync(file.as_raw_fd()) }).map(|_| ())
+    check(unsafe { libc::fsync(file.as_raw_fd()) })?;
+    #[cfg(test)]
+    power_cut::synced(file);
+    Ok(())
 }
 
 /// lseek(2): the new position.
@@ -87,4 +95,60 @@ pub fn seek_data(file: &File, from: u64) -> io::Result<Option<u64>> {
 /// llseek refuses positions past it. The descriptor's position is not used for I/O here.
 pub fn offset_allowed(file: &File, offset: u64) -> bool {
     libc::off_t::try_from(offset).is_ok_and(|off| lseek(file, off, libc::SEEK_SET).is_ok())
+}
+
+/// For tests: what a power cut could undo in a watched lower file, as tests/fault/libpowercut.c
+/// records it for the daemon. Every 4 KiB block written since the file's last successful sync
+/// keeps, with each block's contents at that sync (its first pre-image since); size changes and
+/// hole punches are taken as durable (the lower file system journals them).
+#[cfg(test)]
+pub mod power_cut {
+    use std::collections::{BTreeMap, HashMap};
+    use std::fs::File;
+    use std::os::unix::fs::MetadataExt;
+    use std::sync::Mutex;
+
+    const BLOCK: u64 = 4096;
+
+    /// Block offset -> its contents at the last sync.
+    type Blocks = BTreeMap<u64, Vec<u8>>;
+
+    /// (dev, ino) of each watched file -> its blocks written since the last sync.
+    static UNSYNCED: Mutex<Option<HashMap<(u64, u64), Blocks>>> = Mutex::new(None);
+
+    fn key(file: &File) -> Option<(u64, u64)> {
+        file.metadata().ok().map(|m| (m.dev(), m.ino()))
+    }
+
+    /// Starts recording the writes to `file` (nothing written before counts as unsynced).
+    pub fn watch(file: &File) {
+        let key = key(file).expect("stat of a watched file");
+        UNSYNCED.lock().unwrap().get_or_insert_with(HashMap::new).insert(key, BTreeMap::new());
+    }
+
+    pub(super) fn before_write(file: &File, offset: u64, len: usize) {
+        let mut all = UNSYNCED.lock().unwrap();
+        let Some(blocks) = all.as_mut().and_then(|m| key(file).and_then(|k| m.get_mut(&k))) else { return };
+        let mut block = offset / BLOCK * BLOCK;
+        while block < offset + len as u64 {
+            blocks.entry(block).or_insert_with(|| {
+                let mut old = vec![0u8; BLOCK as usize];
+                super::pread_full(file, &mut old, block).expect("pre-image of a watched block");
+                old
+            });
+            block += BLOCK;
+        }
+    }
+
+    pub(super) fn synced(file: &File) {
+        if let Some(blocks) = UNSYNCED.lock().unwrap().as_mut().and_then(|m| key(file).and_then(|k| m.get_mut(&k))) {
+            blocks.clear();
+        }
+    }
+
+    /// The blocks of a watched file written since its last sync, with their contents at that sync.
+    pub fn unsynced(file: &File) -> Blocks {
+        let all = UNSYNCED.lock().unwrap();
+        all.as_ref().and_then(|m| key(file).and_then(|k| m.get(&k))).cloned().unwrap_or_default()
+    }
 }

@@ -75,6 +75,9 @@ impl Store {
                 }
             }
         }
+        // Before the slot is written: a new file's data never reaches its lower file ahead of a
+        // durable header.
+        self.announce(st)?;
         st.touch();
         if stored > 0 {
             lower::pwrite_all(&self.lower, &encoded.bytes, if inline { INLINE_OFF } else { slot_off })?;
@@ -165,6 +168,7 @@ impl Store {
         st.touch();
         self.lower.set_len(0)?;
         st.header_on_disk = false;
+        st.announced = false; // the next data brings a new first header, synced first
         st.header_stale = false;
         st.persisted_size = 0;
         st.tables.clear();
