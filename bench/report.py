@@ -22,6 +22,7 @@ GROUPS = [
 
 
 WORKLOADS = ("smallfiles", "bigread", "fsync")
+EXPERIMENTS = ("copy", "read", "cores", "fio", "app", "cost") + WORKLOADS  # as harness.py's --experiments
 
 
 def pairs(sys):
@@ -229,7 +230,9 @@ def make(res, out):
     n = r.n
     md = []
     md.append("# densefs benchmarks beside real peers\n")
-    md.append(f"Run `{m['mode']}` started {m['started']} on {m['host']}: {m['cpus']} × {m['cpu_model']}, "
+    ex = m.get("experiments")
+    only = f" (experiments: {', '.join(ex)})" if ex and set(ex) != set(EXPERIMENTS) else ""
+    md.append(f"Run `{m['mode']}`{only} started {m['started']} on {m['host']}: {m['cpus']} × {m['cpu_model']}, "
               f"{m['mem_gib']} GiB; took {m.get('seconds', 0):.0f} s. Produced by `bench/run` "
               "(bench/harness.py); re-render with `bench/report.py results.json`.\n")
     v = m.get("versions", {})
@@ -237,10 +240,15 @@ def make(res, out):
         md.append("Versions: " + ", ".join(f"{k} {x}" for k, x in v.items() if x) + ".\n")
     d = m.get("data", {})
     if d:
+        about = {"fastq": "the FASTQs hold real Illumina reads (`samtools fastq` of Debian's drop-seq-testdata BAMs)",
+                 "fio90": "`fio90` is fio's 90%-compressible fill (per 16 KiB: 90% zeros, 10% random)",
+                 "sam": "the SAM is `samtools view -h` of the largest BAM",
+                 "tree": "the tree is a tar of directories of this machine (section 7)"}
+        if "big" in d and "fastq" not in d:
+            about["big"] = about["fastq"]
+        text = "; ".join(v for k, v in about.items() if k in d)
         md.append("Data: " + "; ".join(f"{k} `{x['file']}` {x['bytes'] / 1e6:.1f} MB" for k, x in d.items()) +
-                  ". The FASTQ holds real Illumina reads (`samtools fastq` of Debian's drop-seq-testdata BAMs); "
-                  "`fio90` is fio's 90%-compressible fill (per 16 KiB: 90% zeros, 10% random); the SAM is "
-                  "`samtools view -h` of the largest BAM.\n")
+                  ". " + text[:1].upper() + text[1:] + ".\n")
     if "loadavg_start" in m:
         md.append(f"Load average (1, 5, 15 min) at the start {', '.join(f'{x:.1f}' for x in m['loadavg_start'])}, "
                   f"at the end {', '.join(f'{x:.1f}' for x in m.get('loadavg_end', []))}: other work on the "
@@ -534,8 +542,13 @@ def workloads_md(md, r, res):
                          "densefs ÷ btrfs (untar / ls / cat / rm), higher is better", "checked", "runs s"], rows))
         bad = [(s, x) for s, x in sf.items() if x.get("verified") is False]
         for s, x in bad:
-            md.append(f"**{r.name(s)}: the tree read back differs from the tar**: " +
-                      "; ".join(x.get("verify_diff", []))[:500].replace("|", "/") + "\n")
+            kinds = x.get("verify_kinds")
+            if kinds:
+                what = ", ".join(f"{n} × `{k}`" for k, n in sorted(kinds.items(), key=lambda kv: -kv[1]))
+            else:  # older results: the first lines only
+                what = "; ".join(f"`{line}`" for line in x.get("verify_diff", []))[:500] + " (the first lines)"
+            md.append(f"**{r.name(s)}: the tree read back differs from the tar** (`tar --diff`): " +
+                      what.replace("|", "/") + "\n")
 
     if br:
         x = next(iter(br.values()))

@@ -126,8 +126,12 @@ def exp_smallfiles(system, tar, info, cpus, reps):
                 system.cold()
                 h.drop_caches()
                 p = h.run(["tar", "--diff", "-f", str(tar), "-C", str(d)], check=False, timeout=None)
-                check = {"verified": p.returncode == 0,
-                         "verify_diff": p.stdout.strip().splitlines()[:10] if p.returncode else []}
+                lines = p.stdout.strip().splitlines() if p.returncode else []
+                kinds = {}
+                for line in lines:  # "PATH: Mod time differs" -> {"Mod time differs": count}
+                    k = line.rsplit(": ", 1)[-1]
+                    kinds[k] = kinds.get(k, 0) + 1
+                check = {"verified": p.returncode == 0, "verify_diff": lines[:10], "verify_kinds": kinds}
             steps["rm"].append(timed(system, cpus, False, rm))
         rec = {k: dict(median_run(v), all_s=[r["seconds"] for r in v]) for k, v in steps.items()}
         rec.update(check, runs=reps)
