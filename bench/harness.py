@@ -9,7 +9,10 @@ bindfs (FUSE passthrough) and the bare lower directory. Experiments (numbered as
   4 fio    NoLoad's grid: write/randwrite/read/randread x bs x iodepth, 90%-compressible buffers
   5 app    samtools sort -@2 of a SAM on each system (slowdown vs densefs off)
   6 cost   QZFS's cost-efficiency: throughput x compression ratio / CPU utilisation
-Everything is written to results.json; report.py turns it into report.md and PNG plots.
+  7 smallfiles  untar, ls -lR cold, cat every file cold, rm -rf of a tree of ~30k small files  } workloads.py
+  8 bigread     a large FASTQ read cold (MB/s)                                                   }
+  9 fsync       fio 4K random writes, each fsync'd (IOPS)                                        }
+--experiments picks some (default: all). Everything is written to results.json; report.py turns it into report.md and PNG plots.
 Every mount, loop device, zpool and daemon made here is undone on exit, failure or signal.
 """
 import argparse
@@ -28,6 +31,7 @@ REPO = HERE.parent
 sys.path.insert(0, str(HERE))
 sys.dont_write_bytecode = True  # no __pycache__ in the checkout
 import report  # noqa: E402
+import workloads  # noqa: E402
 
 CLK = os.sysconf("SC_CLK_TCK")
 MiB = 1 << 20
@@ -370,15 +374,18 @@ def sam_file(data, size):
 
 
 def prepare_data(args):
+    """The data the selected experiments need, made once into the work dir's data cache."""
     data = Path(args.work) / "data"
     data.mkdir(parents=True, exist_ok=True)
-    fq = sized_copy(source_fastq(data), data / f"reads-{args.size}M.fastq", args.size * MiB, 4)
-    return {
-        "fastq": fq,
-        "random": random_file(data / f"random-{args.other_size}M.bin", args.other_size * MiB),
-        "fio90": fio90_file(data / f"fio90-{args.other_size}M.bin", args.other_size * MiB),
-        "sam": sam_file(data, args.sam_size * MiB),
-    }
+    d = {}
+    if args.copy_read:
+        d["fastq"] = sized_copy(source_fastq(data), data / f"reads-{args.size}M.fastq", args.size * MiB, 4)
+        d["random"] = random_file(data / f"random-{args.other_size}M.bin", args.other_size * MiB)
+        d["fio90"] = fio90_file(data / f"fio90-{args.other_size}M.bin", args.other_size * MiB)
+    if "app" in args.experiments:
+        d["sam"] = sam_file(data, args.sam_size * MiB)
+    d.update(workloads.prepare(data, args))
+    return d
 
 
 # ----------------------------------------------------------------------------- systems
@@ -840,6 +847,14 @@ def set_wq_cpumask(cpus):
         return None
 
 
+def runs_on(env, s, full):
+    """Whether a selected experiment runs on system `s` in a phase (`full`: the all-cores one)."""
+    ex = env.args.experiments
+    return env.args.copy_read or full and (s.id in env.fio_systems and "fio" in ex or
+                                           s.id in env.app_systems and "app" in ex or
+                                           s.id in env.wl_systems and bool(set(ex) & set(workloads.EXPERIMENTS)))
+
+
 def phase(env, cpus, systems, data, args, full):
     """Run the experiments with everything pinned to `cpus` (the harness, clients, daemons)."""
     label = f"{len(cpus)} core" + ("s" if len(cpus) > 1 else "")
@@ -852,8 +867,11 @@ def phase(env, cpus, systems, data, args, full):
         if undo_wq:
             wq_token = CLEAN.push("restore workqueue cpumask", undo_wq)
     datasets = ["fastq", "random", "fio90"] if full else ["fastq"]
+    ex = args.experiments
     try:
         for s in systems:
+            if not runs_on(env, s, full):
+                continue
             try:
                 s.check()
                 s.setup(cpus)
@@ -864,10 +882,10 @@ def phase(env, cpus, systems, data, args, full):
                 env.skip(s, f"{label}: setup failed: {e}")
                 continue
             try:
-                for ds in datasets:
+                for ds in datasets if args.copy_read else []:
                     rec = exp_copy_read(s, data[ds], ds, cpus, args)
                     env.results["copy"].append(rec)
-                if full and s.id in env.fio_systems:
+                if full and s.id in env.fio_systems and "fio" in ex:
                     try:
                         r = exp_fio(s, env.fio_grid, env.fio_size, env.fio_runtime, cpus)
                         log(f"{s.name:18} fio: " + " ".join(
@@ -877,7 +895,7 @@ def phase(env, cpus, systems, data, args, full):
                         log(f"{s.name}: fio: {e}")
                     r.update(system=s.id, cores=len(cpus))
                     env.results["fio"].append(r)
-                if full and s.id in env.app_systems:
+                if full and s.id in env.app_systems and "app" in ex:
                     try:
                         r = exp_samtools(s, data["sam"], cpus, min(args.reps, 2))
                         log(f"{s.name:18} samtools sort: {r['seconds']:.2f}s")
@@ -886,6 +904,8 @@ def phase(env, cpus, systems, data, args, full):
                         log(f"{s.name}: samtools: {e}")
                     r.update(system=s.id, cores=len(cpus), bytes=data["sam"].stat().st_size)
                     env.results["samtools"].append(r)
+                if full and s.id in env.wl_systems:
+                    workloads.run_all(env, s, data, cpus, args)
             finally:
                 s.teardown()
     finally:
@@ -902,7 +922,8 @@ class Env:
         self.args = args
         self.work = Path(args.work).resolve()
         self.img_gib = args.img_gib
-        self.results = {"copy": [], "fio": [], "samtools": [], "skipped": [], "systems": {}}
+        self.results = {"copy": [], "fio": [], "samtools": [], "smallfiles": [], "bigread": [], "fsync": [],
+                        "skipped": [], "systems": {}}
         self.pkgs = {}
         self.densefs = None
         self.zfs = ZfsFuse(self)
@@ -968,6 +989,9 @@ def versions(env):
     return v
 
 
+EXPERIMENTS = ["copy", "read", "cores", "fio", "app", "cost", *workloads.EXPERIMENTS]
+
+
 def parse_args(argv):
     ap = argparse.ArgumentParser(prog="bench/run", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -976,10 +1000,15 @@ def parse_args(argv):
     ap.add_argument("--out", default=str(HERE / "results"), help="report.md, results.json, PNGs (default bench/results)")
     ap.add_argument("--work", help="scratch and cached data (default /var/tmp/densefs-bench/{full,quick})")
     ap.add_argument("--systems", help="comma-separated ids or families (densefs, btrfs, zfs-fuse, bindfs, bare)")
+    ap.add_argument("--experiments", default=",".join(EXPERIMENTS),
+                    help=f"comma-separated, default all: {','.join(EXPERIMENTS)} (copy, read and cost are measured "
+                    "together; cores adds the 1-core phase)")
     ap.add_argument("--size", type=int, help="FASTQ MiB (default 192; quick 8)")
     ap.add_argument("--other-size", type=int, help="random and fio90 data MiB (default 32; quick 2)")
     ap.add_argument("--sam-size", type=int, help="SAM MiB for samtools sort (default 128; quick 4)")
-    ap.add_argument("--reps", type=int, help="repetitions of a short copy + read, the best kept (default 3; quick 1)")
+    ap.add_argument("--big-size", type=int, help="FASTQ MiB for bigread (default 1024; quick 16)")
+    ap.add_argument("--reps", type=int, help="repetitions of a short copy + read (the best kept) and of smallfiles "
+                    "and bigread (the median kept) (default 3; quick 1)")
     ap.add_argument("--rep-limit", type=float, default=2.0,
                     help="repeat only when the first copy + read took less than this many seconds")
     ap.add_argument("--full-fio", action="store_true",
@@ -988,10 +1017,16 @@ def parse_args(argv):
     ap.add_argument("--img-gib", type=int, default=4, help="btrfs loop image / zpool size in GiB (sparse)")
     ap.add_argument("--verify", action="store_true", help="cmp every read back with its source (quick: on)")
     a = ap.parse_args(argv)
+    a.experiments = [x for x in a.experiments.split(",") if x]
+    bad = set(a.experiments) - set(EXPERIMENTS)
+    if bad or not a.experiments:
+        ap.error(f"--experiments: unknown {','.join(sorted(bad)) or '(none given)'}; choose from {','.join(EXPERIMENTS)}")
+    a.copy_read = bool({"copy", "read", "cost", "cores"} & set(a.experiments))
     q = a.quick
     a.size = a.size or (8 if q else 192)
     a.other_size = a.other_size or (2 if q else 32)
     a.sam_size = a.sam_size or (4 if q else 128)
+    a.big_size = a.big_size or (16 if q else 1024)
     a.verify = a.verify or q
     a.reps = a.reps or (1 if q else 3)
     a.work = a.work or f"/var/tmp/densefs-bench/{'quick' if q else 'full'}"
@@ -1015,14 +1050,7 @@ def main(argv):
     except BlockingIOError:
         sys.exit(f"another bench/run is using {env.work}")
     clean_stale(env)
-
-    base = ["fio", "samtools", "python3-matplotlib", "fuse3"]
-    peers = [] if args.quick and not args.systems else ["bindfs", "btrfs-progs", "btrfs-compsize", "zfs-fuse"]
-    env.pkgs = ensure_packages(base + peers)
-    for p in ("fio", "samtools"):
-        if env.pkgs[p]:
-            sys.exit(f"cannot run without {p}: {env.pkgs[p]}")
-    env.densefs = find_densefs()
+    workloads.bind(sys.modules[__name__])
 
     systems = all_systems(env)
     if args.systems:
@@ -1030,6 +1058,9 @@ def main(argv):
         systems = [s for s in systems if s.id in want or s.family in want or s.name in want]
     elif args.quick:
         systems = [s for s in systems if s.id in ("bare", "densefs-off", "densefs-lz4")]
+    if not systems:
+        sys.exit(f"--systems {args.systems}: no such system (ids: {', '.join(s.id for s in all_systems(env))})")
+
     if args.full_fio:
         env.fio_grid = [(bs, qd) for bs in ("4k", "16k", "64k", "128k", "1m") for qd in (1, 4, 16, 32)]
         env.fio_systems = {s.id for s in systems}
@@ -1043,6 +1074,19 @@ def main(argv):
     env.fio_size = "16m" if args.quick else "256m"
     env.fio_runtime = 1 if args.quick else 2
     env.app_systems = {s.id for s in systems}
+    # smallfiles, bigread, fsync: by default densefs lz4/zstd-3 beside btrfs lzo/zstd:3, bindfs and bare
+    env.wl_systems = {s.id for s in systems} if args.systems or args.quick else set(workloads.SYSTEMS)
+    env.fsync_size = "16m" if args.quick else "64m"
+    env.fsync_runtime = 1 if args.quick else 5
+    systems = [s for s in systems if runs_on(env, s, True)]
+
+    base = ["fio", "samtools", "python3-matplotlib", "fuse3"]
+    peers = sorted({p for s in systems for p in s.needs})  # only what the selected systems need
+    env.pkgs = ensure_packages(base + peers)
+    for p in ("fio", "samtools"):
+        if env.pkgs[p]:
+            sys.exit(f"cannot run without {p}: {env.pkgs[p]}")
+    env.densefs = find_densefs()
 
     started = time.time()
     res = env.results
@@ -1055,6 +1099,8 @@ def main(argv):
         "mem_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
         "fio_grid": env.fio_grid, "fio_size": env.fio_size, "fio_runtime_s": env.fio_runtime,
         "fio_systems": sorted(env.fio_systems), "args": vars(args), "loadavg_start": os.getloadavg(),
+        "experiments": args.experiments, "workload_systems": [s.id for s in systems if s.id in env.wl_systems],
+        "fsync_size": env.fsync_size, "fsync_runtime_s": env.fsync_runtime,
     }
     for s in systems:
         res["systems"][s.id] = {"name": s.name, "family": s.family, "alg": s.alg}
@@ -1062,10 +1108,12 @@ def main(argv):
         log("preparing data")
         data = prepare_data(args)
         res["meta"]["data"] = {k: {"file": v.name, "bytes": v.stat().st_size} for k, v in data.items()}
+        if "tree" in data:
+            res["meta"]["tree"] = workloads.tree_info(data["tree"])
         res["meta"]["versions"] = versions(env)
         allc = sorted(os.sched_getaffinity(0))
         phase(env, set(allc), systems, data, args, full=True)
-        if not args.no_1core and len(allc) > 1:
+        if "cores" in args.experiments and not args.no_1core and len(allc) > 1:
             phase(env, {allc[0]}, systems, data, args, full=False)
     finally:
         CLEAN.all()

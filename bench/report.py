@@ -21,6 +21,21 @@ GROUPS = [
 ]
 
 
+WORKLOADS = ("smallfiles", "bigread", "fsync")
+EXPERIMENTS = ("copy", "read", "cores", "fio", "app", "cost") + WORKLOADS  # as harness.py's --experiments
+
+
+def pairs(sys):
+    """(densefs id, btrfs id) at the same algorithm (GROUPS), both in this run."""
+    out = []
+    for _, group in GROUPS:
+        d = next((s for s in group if s.startswith("densefs-")), None)
+        b = next((s for s in group if s.startswith("btrfs-")), None)
+        if d in sys and b in sys:
+            out.append((d, b))
+    return out
+
+
 def f2(x, nd=2):
     return "–" if x is None else f"{x:.{nd}f}"
 
@@ -215,7 +230,9 @@ def make(res, out):
     n = r.n
     md = []
     md.append("# densefs benchmarks beside real peers\n")
-    md.append(f"Run `{m['mode']}` started {m['started']} on {m['host']}: {m['cpus']} × {m['cpu_model']}, "
+    ex = m.get("experiments")
+    only = f" (experiments: {', '.join(ex)})" if ex and set(ex) != set(EXPERIMENTS) else ""
+    md.append(f"Run `{m['mode']}`{only} started {m['started']} on {m['host']}: {m['cpus']} × {m['cpu_model']}, "
               f"{m['mem_gib']} GiB; took {m.get('seconds', 0):.0f} s. Produced by `bench/run` "
               "(bench/harness.py); re-render with `bench/report.py results.json`.\n")
     v = m.get("versions", {})
@@ -223,10 +240,15 @@ def make(res, out):
         md.append("Versions: " + ", ".join(f"{k} {x}" for k, x in v.items() if x) + ".\n")
     d = m.get("data", {})
     if d:
+        about = {"fastq": "the FASTQs hold real Illumina reads (`samtools fastq` of Debian's drop-seq-testdata BAMs)",
+                 "fio90": "`fio90` is fio's 90%-compressible fill (per 16 KiB: 90% zeros, 10% random)",
+                 "sam": "the SAM is `samtools view -h` of the largest BAM",
+                 "tree": "the tree is a tar of directories of this machine (section 7)"}
+        if "big" in d and "fastq" not in d:
+            about["big"] = about["fastq"]
+        text = "; ".join(v for k, v in about.items() if k in d)
         md.append("Data: " + "; ".join(f"{k} `{x['file']}` {x['bytes'] / 1e6:.1f} MB" for k, x in d.items()) +
-                  ". The FASTQ holds real Illumina reads (`samtools fastq` of Debian's drop-seq-testdata BAMs); "
-                  "`fio90` is fio's 90%-compressible fill (per 16 KiB: 90% zeros, 10% random); the SAM is "
-                  "`samtools view -h` of the largest BAM.\n")
+                  ". " + text[:1].upper() + text[1:] + ".\n")
     if "loadavg_start" in m:
         md.append(f"Load average (1, 5, 15 min) at the start {', '.join(f'{x:.1f}' for x in m['loadavg_start'])}, "
                   f"at the end {', '.join(f'{x:.1f}' for x in m.get('loadavg_end', []))}: other work on the "
@@ -242,11 +264,12 @@ def make(res, out):
         md.append(table(["system", "reason"], [[r.name(s["system"]) if s["system"] in r.sys else s["system"],
                                                 s["reason"].replace("|", "/")] for s in res["skipped"]]))
     errs = [c for c in res["copy"] if "error" in c] + [f for f in res["fio"] if f.get("error")] + \
-        [s for s in res["samtools"] if "error" in s]
+        [s for s in res["samtools"] if "error" in s] + [x for k in WORKLOADS for x in res.get(k, []) if "error" in x]
     if errs:
         md.append("## Errors\n")
         md.append(table(["system", "cores", "what", "error"], [
-            [r.name(e["system"]), e.get("cores"), e.get("data", "fio" if "jobs" in e else "samtools"),
+            [r.name(e["system"]), e.get("cores"), e.get("data") or e.get("experiment") or
+             ("fio" if "jobs" in e else "samtools"),
              str(e["error"]).replace("|", "/").replace("\n", " ")[:200]] for e in errs]))
 
     written, why = plots(r, out)
@@ -417,6 +440,7 @@ def make(res, out):
                          "read CPU util", "read cost-eff."], rows))
         if "cost.png" in written:
             md.append("![cost](cost.png)\n")
+    workloads_md(md, r, res)
     noisy = []
     for c in res["copy"]:
         for what in ("copy", "read"):
@@ -424,6 +448,14 @@ def make(res, out):
             if k.get("foreign_cpu_s", 0) > 0.1 * k.get("seconds", 0) * c["cores"] and k.get("foreign_cpu_s", 0) > 0.05:
                 noisy.append([r.name(c["system"]), c["cores"], c["data"], what, f2(k["seconds"]),
                               f2(k["foreign_cpu_s"]), ", ".join(k.get("top", []))])
+    for k in WORKLOADS:
+        for x in res.get(k, []):
+            for what, step in ((w, x[w]) for w in ("untar", "ls", "cat", "rm", "read") if isinstance(x.get(w), dict)) \
+                    if k != "fsync" else [("fio", x)]:
+                if step.get("foreign_cpu_s", 0) > 0.1 * step.get("seconds", 0) * x["cores"] and \
+                        step.get("foreign_cpu_s", 0) > 0.05:
+                    noisy.append([r.name(x["system"]), x["cores"], k, what, f2(step["seconds"]),
+                                  f2(step["foreign_cpu_s"]), ", ".join(step.get("top", []))])
     if noisy:
         md.append("## Interference\n")
         md.append("Kept measurements during which other users' processes (not the harness, its clients or the file "
@@ -433,6 +465,122 @@ def make(res, out):
     if why:
         md.append(f"_{why}_\n")
     (out / "report.md").write_text("\n".join(md))
+
+
+
+def workloads_md(md, r, res):
+    """7 smallfiles, 8 bigread, 9 fsync (bench/workloads.py): a table per workload, then densefs / btrfs."""
+    m = res["meta"]
+    sf = {x["system"]: x for x in res.get("smallfiles", []) if "untar" in x}
+    br = {x["system"]: x for x in res.get("bigread", []) if "read" in x}
+    fs = {x["system"]: x for x in res.get("fsync", []) if "iops" in x}
+    if not (sf or br or fs):
+        return
+    steps = [("untar", "untar + sync"), ("ls", "ls -lR cold"), ("cat", "cat every file cold"), ("rm", "rm -rf + sync")]
+
+    def vs(d, b, get, time):
+        """densefs over btrfs, higher is better: btrfs time / densefs time, or densefs rate / btrfs rate."""
+        x, y = get(d), get(b)
+        if not x or not y:
+            return None
+        return y / x if time else x / y
+
+    def ratio_of(sid, table, get, time):
+        p = next(((d, b) for d, b in pairs(r.sys) if d == sid), None)
+        if not p or p[0] not in table or p[1] not in table:
+            return "–"
+        return f"{vs(p[0], p[1], get, time):.2f}× vs {r.name(p[1])}"
+
+    def sfget(k):
+        return lambda s: sf[s][k]["seconds"] if s in sf else None
+
+    def get_mb(s):
+        return br[s]["read"]["mb_s"] if s in br else None
+
+    def get_iops(s):
+        return fs[s]["iops"] if s in fs else None
+
+    prs = [(d, b) for d, b in pairs(r.sys) if (d in sf and b in sf) or (d in br and b in br) or (d in fs and b in fs)]
+    if prs:
+        md.append("## densefs vs btrfs at the same algorithm: small files, large cold read, fsync'd 4K writes\n")
+        md.append("Each cell is densefs's speed over btrfs's (**higher is better**, above 1 densefs is faster): btrfs "
+                  "seconds / densefs seconds for the small-file steps, densefs MB/s / btrfs MB/s for the cold read, "
+                  "densefs IOPS / btrfs IOPS for the fsync'd writes. Sections 7 to 9 have the numbers.\n")
+        rows = []
+        for d, b in prs:
+            row = [f"{r.name(d)} / {r.name(b)}"]
+            row += [f2(vs(d, b, sfget(k), True)) for k, _ in steps]
+            row += [f2(vs(d, b, get_mb, False)), f2(vs(d, b, get_iops, False))]
+            rows.append(row)
+        md.append(table(["densefs / btrfs"] + [t for _, t in steps] + ["large cold read MB/s", "fsync 4K IOPS"], rows))
+
+    if sf:
+        t = m.get("tree", {})
+        x = next(iter(sf.values()))
+        md.append("## 7. Small files: untar, ls -lR, cat, rm -rf of a tree\n")
+        md.append(f"The tree: a tar of /{', /'.join(t.get('dirs_in_tar', []))} made once on this machine "
+                  f"(`{t.get('file', '?')}`): {t.get('files', 0)} files, {t.get('dirs', 0)} directories, "
+                  f"{t.get('symlinks', 0)} symlinks, {t.get('bytes', 0) / 1e6:.0f} MB in files. Per system, "
+                  f"{x.get('runs', 1)} time(s): `tar xf TREE -C DIR` then `sync`; `ls -lR DIR > /dev/null` cold; "
+                  "`find DIR -type f -print0 | xargs -0 cat > /dev/null` cold; `rm -rf DIR` then `sync`. Cold: the "
+                  "daemon's own caches dropped (densefs and bindfs remounted, the zfs-fuse pool exported and "
+                  "imported), then `drop_caches`. densefs lands every file in the lower directory when it is closed, "
+                  "so `sync` covers it as it does btrfs. Seconds are the median run (**lower is better**); `runs` "
+                  "lists every run of each step in the order untar / ls / cat / rm. `checked`: the tree read back "
+                  "after a cold remount equals the tar (`tar --diff`: contents, modes, owners, times, links).\n")
+        rows = []
+        for s in [s for s in r.order if s in sf]:
+            x = sf[s]
+            ratio = [ratio_of(s, sf, sfget(k), True) for k, _ in steps]
+            rows.append([r.name(s)] + [f2(x[k]["seconds"]) for k, _ in steps] +
+                        [f2(x["cat"].get("mb_s"), 0), f2(x["untar"]["cpu_busy_s"], 1), f2(x["untar"]["fs_cpu_s"], 1),
+                         " / ".join(c.split("×")[0] for c in ratio) if ratio[0] != "–" else "–",
+                         "yes" if x.get("verified") else ("DIFFERS" if "verified" in x else "–"),
+                         " / ".join(" ".join(f"{v:.2f}" for v in x[k]["all_s"]) for k, _ in steps)])
+        md.append(table(["system"] + [f"{t} s" for _, t in steps] +
+                        ["cat MB/s", "untar CPU s", "untar FS cpu s",
+                         "densefs ÷ btrfs (untar / ls / cat / rm), higher is better", "checked", "runs s"], rows))
+        bad = [(s, x) for s, x in sf.items() if x.get("verified") is False]
+        for s, x in bad:
+            kinds = x.get("verify_kinds")
+            if kinds:
+                what = ", ".join(f"{n} × `{k}`" for k, n in sorted(kinds.items(), key=lambda kv: -kv[1]))
+            else:  # older results: the first lines only
+                what = "; ".join(f"`{line}`" for line in x.get("verify_diff", []))[:500] + " (the first lines)"
+            md.append(f"**{r.name(s)}: the tree read back differs from the tar** (`tar --diff`): " +
+                      what.replace("|", "/") + "\n")
+
+    if br:
+        x = next(iter(br.values()))
+        md.append(f"## 8. Large cold sequential read: `cat` of a {x['bytes'] / 1e6:.0f} MB FASTQ\n")
+        md.append("The FASTQ copied in (`cp` from page cache, fsync + sync, timed too), then read "
+                  f"{x.get('runs', 1)} time(s) cold (the daemon's caches and the page cache dropped), "
+                  "`cat FILE > /dev/null`; the median read is shown (**MB/s: higher is better**).\n")
+        rows = []
+        for s in [s for s in r.order if s in br]:
+            x = br[s]
+            rows.append([r.name(s), f2(x.get("ratio")), f2(x["copy"]["seconds"]), f2(x["copy"]["mb_s"], 0),
+                         f2(x["read"]["seconds"]), f2(x["read"]["mb_s"], 0), ratio_of(s, br, get_mb, False),
+                         f2(x["read"]["cpu_busy_s"], 1), f2(x["read"]["fs_cpu_s"], 1),
+                         " ".join(f"{v:.2f}" for v in x["read"].get("all_s", []))])
+        md.append(table(["system", "ratio", "copy s", "copy MB/s", "cold read s", "cold read MB/s",
+                         "densefs ÷ btrfs (MB/s), higher is better", "read CPU s", "read FS cpu s", "read runs s"], rows))
+
+    if fs:
+        x = next(iter(fs.values()))
+        md.append("## 9. fsync'd 4K random writes (fio)\n")
+        md.append(f"`fio --rw=randwrite --bs=4k --fsync=1 --ioengine=psync --size={x['size']} "
+                  f"--runtime={x['runtime_s']} --time_based` on a file laid out first (1 MiB writes, fsync'd), "
+                  "fio's default (incompressible) buffers; every write is followed by an fsync. "
+                  "**IOPS: higher is better**; latencies are means.\n")
+        rows = []
+        for s in [s for s in r.order if s in fs]:
+            x = fs[s]
+            rows.append([r.name(s), f2(x["iops"], 0), f2(x["mb_s"], 1), f2(x.get("write_lat_us"), 0),
+                         f2(x.get("fsync_lat_us"), 0), ratio_of(s, fs, get_iops, False),
+                         f"{x['cpu_util'] * 100:.0f}%", f2(x.get("fs_cpu_s"), 1)])
+        md.append(table(["system", "IOPS", "MB/s", "write µs", "fsync µs", "densefs ÷ btrfs (IOPS), higher is better",
+                         "CPU util", "FS cpu s"], rows))
 
 
 if __name__ == "__main__":
