@@ -312,6 +312,41 @@ fn data_left_in_an_open_file_reaches_the_lower_within_seconds() {
 
 // ---- power cuts ----------------------------------------------------------------------------
 
+/// A new file's first header is not synced on its own: the lower file's birth header (an xattr)
+/// stands in for block 0. A power cut that keeps the new file's slots and undoes block 0 (played
+/// here by zeroing it) leaves an empty file, never the slots served as bytes, and never a
+/// hidden attribute a user can see; the file takes new data again.
+#[test]
+fn a_new_file_whose_first_header_a_power_cut_undid_reads_as_empty() {
+    let d = Dirs::new();
+    let m = Mount::new(&d.lower, &d.mnt, "recordsize=16K,compression=lz4");
+    std::fs::write(m.path("new"), common::compressible(200_000, 7)).unwrap();
+    assert_eq!(xattr_names(&m.path("new")), "", "the birth header is densefs's own, never listed");
+    m.unmount();
+    let lower = d.lower.join("new");
+    let len = std::fs::metadata(&lower).unwrap().len();
+    assert!(len > 4096, "the new file's slots are on the lower file");
+    let raw = std::fs::read(&lower).unwrap();
+    assert!(raw[4096..].iter().any(|&b| b != 0));
+    OpenOptions::new().write(true).open(&lower).unwrap().write_all_at(&[0u8; 4096], 0).unwrap();
+
+    let m = Mount::new(&d.lower, &d.mnt, "");
+    assert_eq!(std::fs::metadata(m.path("new")).unwrap().len(), 0, "the new file's unsynced data is gone, as a whole");
+    assert_eq!(std::fs::read(m.path("new")).unwrap(), b"");
+    let fresh = common::compressible(50_000, 8);
+    OpenOptions::new().write(true).open(m.path("new")).unwrap().write_all_at(&fresh, 0).unwrap();
+    m.unmount();
+    let m = Mount::new(&d.lower, &d.mnt, "");
+    assert_eq!(std::fs::read(m.path("new")).unwrap(), fresh);
+    m.unmount();
+}
+
+fn xattr_names(path: &std::path::Path) -> String {
+    let out = std::process::Command::new("getfattr").args(["-d", "-m", "-", "--absolute-names"]).arg(path).output().unwrap();
+    assert!(out.status.success(), "getfattr: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).lines().filter(|l| !l.starts_with('#') && !l.is_empty()).collect::<Vec<_>>().join("\n")
+}
+
 /// Builds tests/fault/libpowercut.c (logs pre-images of every lower write, and sync marks).
 fn powercut_shim(dir: &std::path::Path) -> std::path::PathBuf {
     let out = dir.join("libpowercut.so");

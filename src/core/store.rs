@@ -14,7 +14,9 @@ use crate::checksum::ChecksumKind;
 use crate::codec::Setting;
 use crate::format::durability::Epochs;
 use crate::format::layout::{GROUP_RECORDS, HEADER_BLOCK, TABLE_SIZE};
-use crate::format::{decode_table, newest_first, Descriptor, FormatError, Header, Layout, Pair, SlotState};
+use crate::format::{
+    decode_table, newest_first, Descriptor, FormatError, Header, Layout, Pair, SlotState, BIRTH_HEADER_XATTR, HEADER_COPY_SIZE,
+};
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::fs::File;
 use tracing::{error, warn};
@@ -178,10 +180,38 @@ fn groups_in(lower_len: u64, layout: Layout) -> u64 {
 
 impl Store {
     /// Reads the header block of a lower file: `None` if it is a plain file.
+    ///
+    /// A lower file whose block 0 is all zeros but that carries a birth header is a new (or
+    /// emptied) container whose first header a power cut undid: nothing in it was synced since
+    /// it was born, so it is that empty container (its birth header, size 0).
     pub fn probe(file: &File) -> Result<Option<Header>, FormatError> {
         let mut block = vec![0u8; HEADER_BLOCK as usize];
         let n = lower::pread_full(file, &mut block, 0).map_err(|_| FormatError::BadHeader)?;
-        Header::decode(&block[..n])
+        match Header::decode(&block[..n])? {
+            None if n > 0 && block[..n].iter().all(|&b| b == 0) => Ok(Self::birth_header(file)),
+            found => Ok(found),
+        }
+    }
+
+    fn birth_header(file: &File) -> Option<Header> {
+        let name = std::ffi::CString::new(BIRTH_HEADER_XATTR).expect("no NUL in the name");
+        let mut value = [0u8; HEADER_COPY_SIZE + 1];
+        let n = lower::fgetxattr(file, &name, &mut value).ok()?;
+        Header::decode_birth(&value[..n])
+    }
+
+    /// Records `header` (a new file's first) as the lower file's birth header. False where the
+    /// lower file system keeps no user xattrs (or refuses this one): the header must then be
+    /// synced before anything else is written.
+    fn record_birth(&self, header: &[u8]) -> bool {
+        let name = std::ffi::CString::new(BIRTH_HEADER_XATTR).expect("no NUL in the name");
+        match lower::fsetxattr(&self.lower, &name, header, 0) {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::debug!(file = %self.label, "no birth header ({e}): the first header is synced instead");
+                false
+            }
+        }
     }
 
     /// A store for reading only (no state): what `inspect` uses.
@@ -400,20 +430,26 @@ impl Store {
     /// Records this run's epochs in the header, durably, before the run writes anything else
     /// (its first copy or size); then writes the tables healed so far.
     ///
-    /// A new or emptied file (an empty lower file) gets its first header here, synced before any
-    /// data: a power cut can undo any write not covered by a sync while the lower file keeps the
+    /// A new or emptied file (an empty lower file) gets its first header here, before any data:
+    /// a power cut can undo any write not covered by a sync while the lower file keeps the
     /// length later writes gave it, and a lower file whose block 0 went back to zeros with data
-    /// behind it would be taken for a plain file, its slots served as its bytes.
+    /// behind it would be taken for a plain file, its slots served as its bytes. So the header
+    /// is also recorded as the lower file's birth header (an xattr: metadata, which the lower
+    /// file system journals ahead of the data blocks written after it), which stands in for a
+    /// zeroed block 0; only where the lower keeps no xattrs is the header synced instead.
     fn announce(&self, st: &mut StoreState) -> FsResult<()> {
         if st.announced {
             return Ok(());
         }
         st.header_stale = true;
+        let birth = !st.header_on_disk;
         // The size stays what the last header said: records of this run may still be dirty
         // (say, a tail zeroed before the file grew), and a larger size must not reach the disk
         // before they have landed, or a crash would show what they held before.
-        self.write_header_sized(st, st.persisted_size, true)?;
-        lower::fdatasync(&self.lower)?;
+        let header = self.write_header_sized(st, st.persisted_size, true)?;
+        if !(birth && self.record_birth(&header)) {
+            lower::fdatasync(&self.lower)?;
+        }
         st.announced = true;
         for group in std::mem::take(&mut st.unpersisted) {
             if let Some(table) = st.tables.get(&group).cloned() {
@@ -452,27 +488,19 @@ impl Store {
             }
             self.announce(st)?; // its first header, durable
         }
-        self.write_header_sized(st, st.size, false)
+        self.write_header_sized(st, st.size, false).map(drop)
     }
 
     /// `first`: the lower file may be empty (announcing a new file): its first header is written.
-    fn write_header_sized(&self, st: &mut StoreState, size: u64, first: bool) -> FsResult<()> {
+    /// Returns the header written (as it was already, if nothing changed).
+    fn write_header_sized(&self, st: &mut StoreState, size: u64, first: bool) -> FsResult<[u8; HEADER_COPY_SIZE]> {
         if size == st.persisted_size && !st.header_stale {
-            return Ok(());
+            return Ok(self.header(st, size, st.header_seq).encode());
         }
         debug_assert!(st.header_on_disk || first, "BUG: a new file's first header goes through announce");
         st.touch();
         let sequence = st.header_seq + 1;
-        let header = Header {
-            layout: self.layout,
-            checksum: self.checksum,
-            setting: st.compression,
-            size,
-            sequence,
-            durable_below: st.epochs.durable_below,
-            heal_from: st.persisted_heal_from(),
-        };
-        let encoded = header.encode();
+        let encoded = self.header(st, size, sequence).encode();
         if st.header_on_disk {
             lower::pwrite_all(&self.lower, &encoded, Header::copy_offset(sequence))?;
         } else {
@@ -483,7 +511,19 @@ impl Store {
         st.persisted_size = size;
         st.header_stale = false;
         st.header_on_disk = true;
-        Ok(())
+        Ok(encoded)
+    }
+
+    fn header(&self, st: &StoreState, size: u64, sequence: u64) -> Header {
+        Header {
+            layout: self.layout,
+            checksum: self.checksum,
+            setting: st.compression,
+            size,
+            sequence,
+            durable_below: st.epochs.durable_below,
+            heal_from: st.persisted_heal_from(),
+        }
     }
 
     /// fdatasync (`datasync`) or fsync of the lower file.

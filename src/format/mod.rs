@@ -49,6 +49,10 @@ pub const HEADER_COPY_STRIDE: usize = 64;
 /// Where the first densefs (format 1, before the inline area) kept header copy B.
 const FIRST_LAYOUT_COPY_B: usize = 512;
 pub const DESCRIPTOR_SIZE: usize = layout::DESCRIPTOR_SIZE as usize;
+/// The lower file's extended attribute holding its first header (docs/FORMAT.md, "The birth
+/// header"): it stands in for block 0 while no header there is durable yet, so a new file's
+/// first header needs no sync of its own. In densefs's own namespace, which users never see.
+pub const BIRTH_HEADER_XATTR: &str = "user.densefs.header";
 
 /// Why a container's metadata could not be used.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -168,6 +172,11 @@ impl Header {
             })
         })();
         Some(parsed)
+    }
+
+    /// Decodes a birth header (the [`BIRTH_HEADER_XATTR`] value): `None` unless it is one valid copy.
+    pub fn decode_birth(value: &[u8]) -> Option<Header> {
+        (value.len() == HEADER_COPY_SIZE).then(|| Header::decode_copy(value)).flatten().and_then(Result::ok)
     }
 
     /// Decodes the header block (its first `HEADER_COPY_STRIDE + HEADER_COPY_SIZE` bytes or
