@@ -75,7 +75,7 @@ pub fn inspect(file: &File, verify: bool) -> io::Result<FileStats> {
     stats.compression = Some(header.setting.to_string());
     let layout = header.layout;
     // Tables and slots are read as the container reads them (not healed: what is on the disk).
-    let store = Store::reader(file.try_clone()?, layout, header.checksum, String::new());
+    let store = Store::reader(file.try_clone()?, layout, header.checksum, None);
     let records = layout.plain_size_to_records(header.size);
     let mut table = Box::default();
     let mut table_group = u64::MAX;

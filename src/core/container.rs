@@ -111,6 +111,13 @@ impl ReadStream {
     }
 }
 
+/// A record moved into flight: its version and what to compress.
+struct Sent {
+    record: u64,
+    seq: u64,
+    request: CompressRequest,
+}
+
 /// Where a record's current bytes come from.
 enum Source {
     Memory(Arc<Vec<u8>>),
@@ -132,7 +139,7 @@ impl Container {
         policy: RecordPolicy,
         engine: Arc<Engine>,
         memory: Arc<Memory>,
-        label: String,
+        label: Option<String>,
     ) -> FsResult<Container> {
         if lower.metadata()?.len() != 0 {
             lower.set_len(0)?;
@@ -158,7 +165,7 @@ impl Container {
         policy: RecordPolicy,
         engine: Arc<Engine>,
         memory: Arc<Memory>,
-        label: String,
+        label: Option<String>,
         writable: bool,
     ) -> FsResult<Container> {
         let (store, state) = Store::open(lower, &header, label)?;
@@ -526,23 +533,43 @@ impl Container {
     /// Moves the given dirty records into flight and builds their engine jobs. Records already in
     /// flight stay dirty: one version of a record is in the engine at a time.
     fn prepare(self: &Arc<Self>, st: &mut State, records: &[u64]) -> Vec<Job> {
-        let mut jobs = Vec::new();
+        self.send(st, records).into_iter().map(|sent| self.job(sent)).collect()
+    }
+
+    /// Moves the given dirty records into flight: what to compress for each.
+    fn send(&self, st: &mut State, records: &[u64]) -> Vec<Sent> {
+        let mut sent = Vec::new();
         for &record in records {
             let rewriting = &mut st.rewriting;
             let Some((seq, data)) = st.buffers.send(record, || rewriting.remove(&record)) else { continue };
-            let me = Arc::clone(self);
-            jobs.push(Job {
-                work: Work::Compress(CompressRequest {
-                    data,
-                    compression: st.store.compression,
-                    min_savings: st.policy.min_savings,
-                    offload: st.policy.offload,
-                    checksum: self.store.checksum(),
-                }),
-                done: Box::new(move |result| me.queue_landing(record, seq, result)),
-            });
+            let request = CompressRequest {
+                data,
+                compression: st.store.compression,
+                min_savings: st.policy.min_savings,
+                offload: st.policy.offload,
+                checksum: self.store.checksum(),
+            };
+            sent.push(Sent { record, seq, request });
         }
-        jobs
+        sent
+    }
+
+    fn job(self: &Arc<Self>, sent: Sent) -> Job {
+        let me = Arc::clone(self);
+        let Sent { record, seq, request } = sent;
+        Job { work: Work::Compress(request), done: Box::new(move |result| me.queue_landing(record, seq, result)) }
+    }
+
+    /// Compresses and lands a single record on the calling thread (a small file at close: two
+    /// thread handoffs would cost more than the work); more go to the engine's workers.
+    fn write_out(self: &Arc<Self>, sent: Vec<Sent>) {
+        if let [one] = sent.as_slice() {
+            if let Some(encoded) = self.engine.compress_here(&one.request) {
+                self.land(one.record, one.seq, Ok(Output::Compressed(encoded)));
+                return;
+            }
+        }
+        self.engine.submit(sent.into_iter().map(|s| self.job(s)).collect());
     }
 
     /// Engine completion, on a compression worker: only queues the record for landing.

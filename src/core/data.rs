@@ -6,6 +6,8 @@ use super::inodes::{Content, Node};
 use super::lower::{self, cstr};
 use super::{Attr, Caller, DenseFs, FsError, FsResult, Handle};
 use std::ffi::OsStr;
+use std::fs::File;
+use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -76,15 +78,18 @@ impl DenseFs {
     /// Builds the shared content of a regular file: a container, or the plain lower file.
     /// An empty lower file opened for writing becomes a container (it has nothing to preserve).
     /// Readers open the lower file read-only: reading never writes (a writer's open upgrades it).
-    pub(super) fn load_content(&self, inode: &Node, writable: bool) -> FsResult<Content> {
-        let file =
-            if writable { lower::reopen(inode.raw_fd(), libc::O_RDWR)? } else { lower::reopen_read(inode.raw_fd(), self.options.noatime)? };
-        let label = self.label(inode);
+    /// `created`: the lower file as `create` opened it (read-write), used instead of a reopen.
+    pub(super) fn load_content(&self, inode: &Node, writable: bool, created: Option<File>) -> FsResult<Content> {
+        let file = match created {
+            Some(file) => file,
+            None if writable => lower::reopen(inode.raw_fd(), libc::O_RDWR)?,
+            None => lower::reopen_read(inode.raw_fd(), self.options.noatime)?,
+        };
         // The properties of the directory the file is in decide how it is written.
         let settings = self.settings_in(self.inodes.parent_of(inode.nodeid).unwrap_or(super::ROOT));
         match Container::probe(&file) {
             Ok(Some(header)) => {
-                let c = Container::open(file, header, settings.record_policy(), self.engine.clone(), self.memory.clone(), label, writable)?;
+                let c = Container::open(file, header, settings.record_policy(), self.engine.clone(), self.memory.clone(), None, writable)?;
                 Ok(Content::Container(Arc::new(c)))
             }
             Ok(None) if writable && file.metadata()?.len() == 0 => {
@@ -94,19 +99,21 @@ impl DenseFs {
                     settings.record_policy(),
                     self.engine.clone(),
                     self.memory.clone(),
-                    label,
+                    None,
                 )?;
                 Ok(Content::Container(Arc::new(c)))
             }
             Ok(None) => Ok(Content::Plain(Arc::new(file))),
             Err(e) => {
+                let label = self.label(inode);
                 tracing::error!(file = %label, "not a readable densefs container: {e}");
                 Err(FsError::corrupt(format!("{label}: {e}")))
             }
         }
     }
 
-    fn open_inode(&self, inode: &Node, writable: bool) -> FsResult<u64> {
+    /// `created`: as for `load_content`.
+    fn open_inode(&self, inode: &Node, writable: bool, created: Option<File>) -> FsResult<u64> {
         let mut open = inode.open.lock();
         let content = match &open.content {
             Some(c) => {
@@ -116,7 +123,7 @@ impl DenseFs {
                 c.clone()
             }
             None => {
-                let c = self.load_content(inode, writable)?;
+                let c = self.load_content(inode, writable, created)?;
                 open.content = Some(c.clone());
                 c
             }
@@ -129,7 +136,7 @@ impl DenseFs {
     pub fn open(&self, nodeid: u64, flags: i32, kill_privileges: bool) -> FsResult<u64> {
         let inode = self.inode(nodeid)?;
         let writable = flags & libc::O_ACCMODE != libc::O_RDONLY;
-        let fh = self.open_inode(&inode, writable)?;
+        let fh = self.open_inode(&inode, writable, None)?;
         if flags & libc::O_TRUNC != 0 && writable {
             if kill_privileges {
                 self.kill_privileges(&inode)?;
@@ -149,10 +156,13 @@ impl DenseFs {
         let dir = self.inode(parent)?;
         let c = cstr(name)?;
         let lower_flags = libc::O_CREAT | libc::O_RDWR | libc::O_NOFOLLOW | libc::O_CLOEXEC | (flags & libc::O_EXCL);
-        drop(lower::openat(dir.raw_fd(), &c, lower_flags, mode)?);
+        let created = lower::openat(dir.raw_fd(), &c, lower_flags, mode)?;
         let attr = self.adopt(parent, name, caller)?;
         let inode = self.inode(attr.ino)?;
-        let fh = match self.open_inode(&inode, true) {
+        // The descriptor just opened serves the file (saving a reopen), unless the name no longer
+        // reaches that inode (renamed meanwhile on the lower).
+        let created = lower::stat_fd(created.as_raw_fd()).ok().filter(|st| (st.st_dev, st.st_ino) == inode.lower_id()).map(|_| created);
+        let fh = match self.open_inode(&inode, true, created) {
             Ok(fh) => fh,
             Err(e) => {
                 self.forget(attr.ino, 1);
@@ -272,7 +282,7 @@ impl DenseFs {
             drop(open);
             return f(&c);
         }
-        let content = self.load_content(inode, true)?;
+        let content = self.load_content(inode, true, None)?;
         let result = f(&content);
         if let Content::Container(c) = &content {
             c.flush()?;

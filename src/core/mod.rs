@@ -207,9 +207,7 @@ impl DenseFs {
     }
 
     fn label(&self, inode: &Node) -> String {
-        std::fs::read_link(format!("/proc/self/fd/{}", inode.raw_fd()))
-            .map(|p| p.display().to_string())
-            .unwrap_or_else(|_| format!("inode {}", inode.nodeid))
+        lower::fd_path(inode.raw_fd())
     }
 
     /// The logical size and record size of a regular file that is not open: from its header

@@ -38,7 +38,7 @@ impl DenseFs {
                 c.make_writable(node.raw_fd())?; // readers may have it open read-only
                 c.clone()
             }
-            None => self.load_content(&node, true)?,
+            None => self.load_content(&node, true, None)?,
         };
         if let Content::Container(c) = &content {
             if c.layout() == settings.layout {
@@ -77,7 +77,7 @@ impl DenseFs {
                 settings.record_policy(),
                 self.engine.clone(),
                 self.memory.clone(),
-                self.label(&node),
+                Some(self.label(&node)),
             )?);
             let mut at = 0;
             while at < size {

@@ -19,6 +19,7 @@ use crate::format::{
 };
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::fs::File;
+use std::os::fd::AsRawFd;
 use tracing::{error, warn};
 
 mod slots;
@@ -31,8 +32,9 @@ pub struct Store {
     lower: File,
     layout: Layout,
     checksum: ChecksumKind,
-    /// Lower path, for log lines.
-    label: String,
+    /// What log lines call the file; `None`: its lower path, looked up when a line needs it
+    /// (a readlink per opened file costs more than the rest of a small file's open).
+    label: Option<String>,
 }
 
 /// What a store remembers between calls.
@@ -132,6 +134,13 @@ impl StoreState {
         }
     }
 
+    /// An empty lower file's group 0 holds nothing (and needs no healing): a new file's first
+    /// record lands without reading a table.
+    fn know_group_0_empty(&mut self) {
+        self.healed.insert(0);
+        self.cache_table(0, vec![[SlotState::Empty; 2]; GROUP_RECORDS as usize].into_boxed_slice());
+    }
+
     fn cache_table(&mut self, group: u64, table: Box<[Pair]>) {
         if self.tables.len() >= TABLE_CACHE_GROUPS {
             if let Some(&victim) = self.tables.keys().find(|&&g| g != group) {
@@ -208,19 +217,19 @@ impl Store {
         match lower::fsetxattr(&self.lower, &name, header, 0) {
             Ok(()) => true,
             Err(e) => {
-                tracing::debug!(file = %self.label, "no birth header ({e}): the first header is synced instead");
+                tracing::debug!(file = %self.label(), "no birth header ({e}): the first header is synced instead");
                 false
             }
         }
     }
 
     /// A store for reading only (no state): what `inspect` uses.
-    pub fn reader(lower: File, layout: Layout, checksum: ChecksumKind, label: String) -> Store {
+    pub fn reader(lower: File, layout: Layout, checksum: ChecksumKind, label: Option<String>) -> Store {
         Store { lower, layout, checksum, label }
     }
 
     /// The store of a container whose header is `header`, and its state for this run.
-    pub fn open(lower: File, header: &Header, label: String) -> std::io::Result<(Store, StoreState)> {
+    pub fn open(lower: File, header: &Header, label: Option<String>) -> std::io::Result<(Store, StoreState)> {
         let meta = lower.metadata()?;
         let state = StoreState {
             size: header.size,
@@ -249,10 +258,11 @@ impl Store {
 
     /// The store of a new, empty container on an empty lower file. Nothing is written until the
     /// file gets data or a size: an empty file stays an empty lower file.
-    pub fn create(lower: File, header: &Header, label: String) -> std::io::Result<(Store, StoreState)> {
+    pub fn create(lower: File, header: &Header, label: Option<String>) -> std::io::Result<(Store, StoreState)> {
         let (store, mut state) = Store::open(lower, header, label)?;
-        // Announced (header written and synced) with its first data or size.
+        // Announced (header written) with its first data or size.
         state.header_on_disk = false;
+        state.know_group_0_empty();
         Ok((store, state))
     }
 
@@ -264,8 +274,11 @@ impl Store {
         self.checksum
     }
 
-    pub fn label(&self) -> &str {
-        &self.label
+    pub fn label(&self) -> String {
+        match &self.label {
+            Some(label) => label.clone(),
+            None => lower::fd_path(self.lower.as_raw_fd()),
+        }
     }
 
     pub fn lower(&self) -> &File {
@@ -289,7 +302,7 @@ impl Store {
         }
         let times = [libc::timespec { tv_sec: 0, tv_nsec: libc::UTIME_OMIT }, st.mtime];
         if let Err(e) = lower::futimens(&self.lower, &times) {
-            warn!(file = %self.label, "cannot keep the modification time: {e}");
+            warn!(file = %self.label(), "cannot keep the modification time: {e}");
         }
         st.mtime_to_restore = false;
         st.ctime = None;
@@ -322,7 +335,7 @@ impl Store {
         for (i, pair) in table.iter().enumerate() {
             for (slot, s) in pair.iter().enumerate() {
                 if *s == SlotState::Damaged {
-                    warn!(file = %self.label, record = group * GROUP_RECORDS + i as u64, slot, "damaged slot descriptor ignored");
+                    warn!(file = %self.label(), record = group * GROUP_RECORDS + i as u64, slot, "damaged slot descriptor ignored");
                 }
             }
         }
@@ -337,8 +350,8 @@ impl Store {
         let pair = self.pair(st, record)?;
         let found = newest_first(&pair);
         if found.is_empty() && pair.contains(&SlotState::Damaged) {
-            error!(file = %self.label, record, "record unreadable: its slot descriptors are damaged");
-            return Err(FsError::corrupt(format!("{}: record {record}: damaged slot descriptor", self.label)));
+            error!(file = %self.label(), record, "record unreadable: its slot descriptors are damaged");
+            return Err(FsError::corrupt(format!("{}: record {record}: damaged slot descriptor", self.label())));
         }
         Ok(found)
     }
@@ -370,7 +383,7 @@ impl Store {
             }
             if let Some(dropped) = st.epochs.heal(pair, intact) {
                 for slot in (0..2).filter(|&s| dropped[s]) {
-                    warn!(file = %self.label, record, slot, "dropping a copy torn by a crash or power cut (never synced); the previous copy stays");
+                    warn!(file = %self.label(), record, slot, "dropping a copy torn by a crash or power cut (never synced); the previous copy stays");
                 }
                 changed = true;
             }

@@ -320,6 +320,13 @@ impl Engine {
         self.inner.submit(jobs);
     }
 
+    /// Compresses one record on the calling thread (a small file's only record at close: no
+    /// round trip through the pools), where it would go to the CPU anyway: no accelerator is
+    /// open, or the record's policy is the CPU. `None`: submit it.
+    pub fn compress_here(&self, req: &CompressRequest) -> Option<Encoded> {
+        (self.inner.devices.is_empty() || req.offload == Offload::Cpu).then(|| self.inner.compress_here(req))
+    }
+
     /// Checks and decodes one record on the calling thread (one record: no pool round trip).
     pub fn decode(&self, req: &DecompressRequest) -> Result<Vec<u8>, EngineError> {
         self.inner.decode(req)

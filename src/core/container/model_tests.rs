@@ -86,7 +86,8 @@ impl Harness {
         let memory = Arc::new(Memory::new(64 << 20));
         let policy = RecordPolicy { min_savings: MinSavings::ZFS, offload: Offload::Cpu };
         let path = dir.path().join("f0");
-        let container = Arc::new(Container::create(open_rw(&path), settings, policy, engine.clone(), memory.clone(), "f0".into()).unwrap());
+        let container =
+            Arc::new(Container::create(open_rw(&path), settings, policy, engine.clone(), memory.clone(), Some("f0".into())).unwrap());
         Harness { dir, engine, memory, policy, path, crashes: 0, container }
     }
 
@@ -99,7 +100,9 @@ impl Harness {
     fn open_at(&self, path: &Path) -> Container {
         let file = open_rw(path);
         match Container::probe(&file).unwrap() {
-            Some(header) => Container::open(file, header, self.policy, self.engine.clone(), self.memory.clone(), "f".into(), true).unwrap(),
+            Some(header) => {
+                Container::open(file, header, self.policy, self.engine.clone(), self.memory.clone(), Some("f".into()), true).unwrap()
+            }
             None => {
                 // An empty lower file is an empty file: it becomes a container on its first write.
                 assert_eq!(file.metadata().unwrap().len(), 0, "a container lost its header");
@@ -108,7 +111,7 @@ impl Harness {
                     layout: self.container.layout(),
                     checksum: ChecksumKind::Crc32c,
                 };
-                Container::create(file, settings, self.policy, self.engine.clone(), self.memory.clone(), "f".into()).unwrap()
+                Container::create(file, settings, self.policy, self.engine.clone(), self.memory.clone(), Some("f".into())).unwrap()
             }
         }
     }

@@ -25,13 +25,13 @@ impl Container {
                 break;
             }
             let ready: Vec<u64> = pending.iter().copied().filter(|&r| st.buffers.is_dirty(r)).collect();
-            let jobs = self.prepare(&mut st, &ready);
-            if jobs.is_empty() {
+            let sent = self.send(&mut st, &ready);
+            if sent.is_empty() {
                 // Waits for queued landings too: a record leaves flight only once it landed.
                 self.landed.wait(&mut st);
             } else {
                 drop(st);
-                self.engine.submit(jobs);
+                self.write_out(sent);
                 st = self.state.lock();
             }
         }

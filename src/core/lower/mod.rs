@@ -52,6 +52,12 @@ pub fn proc_path(fd: RawFd) -> CString {
     CString::new(format!("/proc/self/fd/{fd}")).expect("BUG: no NUL in a number")
 }
 
+/// What log lines call a lower file: the path its descriptor reaches now (through /proc), or
+/// its descriptor number where that is unknown.
+pub fn fd_path(fd: RawFd) -> String {
+    std::fs::read_link(format!("/proc/self/fd/{fd}")).map(|p| p.display().to_string()).unwrap_or_else(|_| format!("lower fd {fd}"))
+}
+
 // ---- opening --------------------------------------------------------------------------
 
 /// Opens `name` in `dir` as an O_PATH descriptor, not following a symlink.

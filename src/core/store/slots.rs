@@ -176,6 +176,7 @@ impl Store {
         st.stale.clear();
         st.deferred_punch.clear();
         st.heal_complete = true;
+        st.know_group_0_empty();
         Ok(())
     }
 
@@ -208,14 +209,30 @@ impl Store {
             return Ok(());
         }
         let last = self.layout.plain_off_to_record(end - 1);
-        let lower_end = self.layout.record_to_slot_off(last, 1).checked_add(self.layout.record_size());
-        if !lower_end.is_some_and(|e| lower::offset_allowed(&self.lower, e)) {
+        let fits = |record: u64| {
+            // Each record has two slots: past half of off_t's range none can be reached (and the
+            // offset arithmetic below would overflow).
+            if record >= (i64::MAX as u64 / 2) / self.layout.record_size() {
+                return false;
+            }
+            let lower_end = self.layout.record_to_slot_off(record, 1).checked_add(self.layout.record_size());
+            // Every writable Linux file system holds files of 2 GiB (FAT's limit is 4 GiB): no
+            // need to ask for less.
+            lower_end.is_some_and(|e| e <= 1 << 31 || lower::offset_allowed(&self.lower, e))
+        };
+        // Up to the end of `last`'s group if that fits too, so a file growing by small writes
+        // asks the lower once per group, not once per write.
+        let group_end = (self.layout.record_to_group(last) + 1) * GROUP_RECORDS;
+        if fits(group_end - 1) {
+            st.checked_size = self.layout.record_to_plain_off(group_end).max(end);
+        } else if fits(last) {
+            st.checked_size = end;
+        } else {
             return Err(FsError::new(
                 libc::EFBIG,
-                format!("{}: the lower file system cannot hold a file of {end} bytes stored this way", self.label),
+                format!("{}: the lower file system cannot hold a file of {end} bytes stored this way", self.label()),
             ));
         }
-        st.checked_size = end;
         Ok(())
     }
 }
