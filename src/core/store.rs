@@ -15,7 +15,7 @@ use crate::codec::Setting;
 use crate::format::durability::Epochs;
 use crate::format::layout::{GROUP_RECORDS, HEADER_BLOCK, TABLE_SIZE};
 use crate::format::{
-    decode_table, newest_first, Descriptor, FormatError, Header, Layout, Pair, SlotState, BIRTH_HEADER_XATTR, HEADER_COPY_SIZE,
+    decode_table, newest_first, Descriptor, FormatError, Header, Layout, Pair, SlotState, BIRTH_HEADER_SIZE, BIRTH_HEADER_XATTR,
 };
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::fs::File;
@@ -204,7 +204,7 @@ impl Store {
 
     fn birth_header(file: &File) -> Option<Header> {
         let name = std::ffi::CString::new(BIRTH_HEADER_XATTR).expect("no NUL in the name");
-        let mut value = [0u8; HEADER_COPY_SIZE + 1];
+        let mut value = [0u8; BIRTH_HEADER_SIZE + 1];
         let n = lower::fgetxattr(file, &name, &mut value).ok()?;
         Header::decode_birth(&value[..n])
     }
@@ -212,9 +212,9 @@ impl Store {
     /// Records `header` (a new file's first) as the lower file's birth header. False where the
     /// lower file system keeps no user xattrs (or refuses this one): the header must then be
     /// synced before anything else is written.
-    fn record_birth(&self, header: &[u8]) -> bool {
+    fn record_birth(&self, header: &Header) -> bool {
         let name = std::ffi::CString::new(BIRTH_HEADER_XATTR).expect("no NUL in the name");
-        match lower::fsetxattr(&self.lower, &name, header, 0) {
+        match lower::fsetxattr(&self.lower, &name, &header.encode_birth(), 0) {
             Ok(()) => true,
             Err(e) => {
                 tracing::debug!(file = %self.label(), "no birth header ({e}): the first header is synced instead");
@@ -506,14 +506,15 @@ impl Store {
 
     /// `first`: the lower file may be empty (announcing a new file): its first header is written.
     /// Returns the header written (as it was already, if nothing changed).
-    fn write_header_sized(&self, st: &mut StoreState, size: u64, first: bool) -> FsResult<[u8; HEADER_COPY_SIZE]> {
+    fn write_header_sized(&self, st: &mut StoreState, size: u64, first: bool) -> FsResult<Header> {
         if size == st.persisted_size && !st.header_stale {
-            return Ok(self.header(st, size, st.header_seq).encode());
+            return Ok(self.header(st, size, st.header_seq));
         }
         debug_assert!(st.header_on_disk || first, "BUG: a new file's first header goes through announce");
         st.touch();
         let sequence = st.header_seq + 1;
-        let encoded = self.header(st, size, sequence).encode();
+        let header = self.header(st, size, sequence);
+        let encoded = header.encode();
         if st.header_on_disk {
             lower::pwrite_all(&self.lower, &encoded, Header::copy_offset(sequence))?;
         } else {
@@ -524,7 +525,7 @@ impl Store {
         st.persisted_size = size;
         st.header_stale = false;
         st.header_on_disk = true;
-        Ok(encoded)
+        Ok(header)
     }
 
     fn header(&self, st: &StoreState, size: u64, sequence: u64) -> Header {

@@ -52,7 +52,8 @@ pub const DESCRIPTOR_SIZE: usize = layout::DESCRIPTOR_SIZE as usize;
 /// The lower file's extended attribute holding its first header (docs/FORMAT.md, "The birth
 /// header"): it stands in for block 0 while no header there is durable yet, so a new file's
 /// first header needs no sync of its own. In densefs's own namespace, which users never see.
-pub const BIRTH_HEADER_XATTR: &str = "user.densefs.header";
+pub const BIRTH_HEADER_XATTR: &str = "user.densefs.birth";
+pub const BIRTH_HEADER_SIZE: usize = 8;
 
 /// Why a container's metadata could not be used.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -174,9 +175,26 @@ impl Header {
         Some(parsed)
     }
 
-    /// Decodes a birth header (the [`BIRTH_HEADER_XATTR`] value): `None` unless it is one valid copy.
+    /// The birth header ([`BIRTH_HEADER_XATTR`]'s value): what a new file's first header says
+    /// besides its size, sequence and epochs — header bytes 8..16 (version, record shift,
+    /// checksum kind, codec and level, reserved). Small, so ext4 keeps it inside the inode.
+    pub fn encode_birth(&self) -> [u8; BIRTH_HEADER_SIZE] {
+        self.encode()[8..16].try_into().expect("BUG: 8 bytes")
+    }
+
+    /// The header a birth header stands for: that of an empty new file (size 0, no sync yet).
+    /// `None` unless the value is one this densefs wrote.
     pub fn decode_birth(value: &[u8]) -> Option<Header> {
-        (value.len() == HEADER_COPY_SIZE).then(|| Header::decode_copy(value)).flatten().and_then(Result::ok)
+        if value.len() != BIRTH_HEADER_SIZE {
+            return None;
+        }
+        let mut copy = [0u8; HEADER_COPY_SIZE];
+        copy[0..8].copy_from_slice(&MAGIC);
+        copy[8..16].copy_from_slice(value);
+        copy[32..40].copy_from_slice(&durability::Epochs::NEW_FILE_DURABLE_BELOW.to_le_bytes());
+        let crc = crc32c::crc32c(&copy[..60]);
+        copy[60..64].copy_from_slice(&crc.to_le_bytes());
+        Header::decode_copy(&copy).and_then(Result::ok)
     }
 
     /// Decodes the header block (its first `HEADER_COPY_STRIDE + HEADER_COPY_SIZE` bytes or
@@ -387,6 +405,20 @@ mod tests {
         // A version-2 copy at 512 is inline data, not a header.
         let block = block_with(&[(0, old.encode()), (FIRST_LAYOUT_COPY_B, newer.encode())]);
         assert_eq!(Header::decode(&block).unwrap().unwrap(), old);
+    }
+
+    #[test]
+    fn a_birth_header_stands_for_the_empty_new_file_it_began_as() {
+        let h = Header { sequence: 1, size: 0, ..header() };
+        let born = Header::decode_birth(&h.encode_birth()).unwrap();
+        assert_eq!((born.layout, born.checksum, born.setting, born.size), (h.layout, h.checksum, h.setting, 0));
+        assert_eq!(born.durable_below, durability::Epochs::NEW_FILE_DURABLE_BELOW);
+        assert!(Header::decode_birth(&h.encode()).is_none(), "a whole header copy is no birth header");
+        assert!(Header::decode_birth(&[0u8; BIRTH_HEADER_SIZE]).is_none(), "format version 0");
+        let mut bad = h.encode_birth();
+        bad[2] = 40; // record shift
+        assert!(Header::decode_birth(&bad).is_none());
+        assert!(BIRTH_HEADER_XATTR.starts_with(crate::core::props::XATTR_PREFIX), "hidden from users");
     }
 
     #[test]
