@@ -433,14 +433,56 @@ class System:
         return {"ratio": r, "used": used, "ratio_source": "du"}
 
 
+def loop_fs(env, sid, mkfs, at, options=None):
+    """A fresh file system on a sparse image behind a loop device (direct I/O, so the host's page
+    cache does not serve it twice), mounted at `at`: what btrfs gets, and (--lower ext4) the lower
+    of bare and of the FUSE systems, so they all start from a new file system of the same kind of
+    disk. Returns the cleanup tokens, last first to pop."""
+    img = env.work / "img" / f"{sid}.img"
+    img.parent.mkdir(exist_ok=True)
+    img.unlink(missing_ok=True)
+    run(["truncate", "-s", f"{env.img_gib}G", str(img)])
+    t_img = CLEAN.push(f"rm {img}", lambda: img.unlink(missing_ok=True))
+    try:
+        loop = out(["losetup", "--direct-io=on", "-f", "--show", str(img)]).strip()
+    except RuntimeError as e:
+        CLEAN.pop(t_img)
+        raise Skip(f"no loop device: {e}")
+    t_loop = CLEAN.push(f"losetup -d {loop}", lambda: run(["losetup", "-d", loop]))
+    try:
+        run([*mkfs, loop])
+        at.mkdir(parents=True, exist_ok=True)
+        run(["mount", *(["-o", options] if options else []), loop, str(at)])
+    except RuntimeError as e:
+        CLEAN.pop(t_loop)
+        CLEAN.pop(t_img)
+        raise Skip(f"{mkfs[0]} on a loop device failed: {e}")
+    return [t_img, t_loop, CLEAN.push(f"unmount {at}", lambda: unmount(at))]
+
+
+def lower_fs(env, sid, at):
+    """The file system under bare and the FUSE systems (--lower): a fresh ext4 on a loop device, or
+    the work dir's own (also where no loop device can be had)."""
+    if env.lower_fs != "ext4":
+        return []
+    try:
+        return loop_fs(env, sid, ["mkfs.ext4", "-q", "-F"], at)
+    except Skip as e:
+        log(f"{sid}: {e}: on the work dir's file system instead")
+        return []
+
+
 class Bare(System):
     family = "bare"
 
     def setup(self, cpus):
         shutil.rmtree(self.mnt, ignore_errors=True)
         super().setup(cpus)
+        self.tokens = lower_fs(self.env, self.id, self.mnt)
 
     def teardown(self):
+        for t in reversed(self.tokens):
+            CLEAN.pop(t)
         shutil.rmtree(self.mnt, ignore_errors=True)
 
 
@@ -460,9 +502,12 @@ class FuseDaemon(System):
         self.lower.mkdir(parents=True)
         super().setup(cpus)
         self.token = CLEAN.push(f"remove {self.lower}", lambda: shutil.rmtree(self.lower, ignore_errors=True))
+        self.lower_tokens = lower_fs(self.env, self.id, self.lower)
         try:
             self.mount(cpus)
         except Exception:
+            for t in reversed(self.lower_tokens):
+                CLEAN.pop(t)
             CLEAN.pop(self.token)
             raise
 
@@ -503,6 +548,8 @@ class FuseDaemon(System):
 
     def teardown(self):
         CLEAN.pop(self.mtoken)
+        for t in reversed(self.lower_tokens):
+            CLEAN.pop(t)
         CLEAN.pop(self.token)
 
     def pids(self):
@@ -553,25 +600,7 @@ class Btrfs(System):
 
     def setup(self, cpus):
         super().setup(cpus)
-        img = self.env.work / "img" / f"{self.id}.img"
-        img.parent.mkdir(exist_ok=True)
-        img.unlink(missing_ok=True)
-        run(["truncate", "-s", f"{self.env.img_gib}G", str(img)])
-        t_img = CLEAN.push(f"rm {img}", lambda: img.unlink(missing_ok=True))
-        try:
-            loop = out(["losetup", "--direct-io=on", "-f", "--show", str(img)]).strip()
-        except RuntimeError as e:
-            CLEAN.pop(t_img)
-            raise Skip(f"no loop device: {e}")
-        t_loop = CLEAN.push(f"losetup -d {loop}", lambda: run(["losetup", "-d", loop]))
-        try:
-            run(["mkfs.btrfs", "-f", "-q", loop])
-            run(["mount", "-o", f"compress-force={self.alg}", loop, str(self.mnt)])
-        except RuntimeError as e:
-            CLEAN.pop(t_loop)
-            CLEAN.pop(t_img)
-            raise Skip(f"btrfs setup failed: {e}")
-        self.tokens = [t_img, t_loop, CLEAN.push(f"unmount {self.mnt}", lambda: unmount(self.mnt))]
+        self.tokens = loop_fs(self.env, self.id, ["mkfs.btrfs", "-f", "-q"], self.mnt, f"compress-force={self.alg}")
 
     def teardown(self):
         for t in reversed(self.tokens):
@@ -922,6 +951,7 @@ class Env:
         self.args = args
         self.work = Path(args.work).resolve()
         self.img_gib = args.img_gib
+        self.lower_fs = args.lower
         self.results = {"copy": [], "fio": [], "samtools": [], "smallfiles": [], "bigread": [], "fsync": [],
                         "skipped": [], "systems": {}}
         self.pkgs = {}
@@ -1014,7 +1044,10 @@ def parse_args(argv):
     ap.add_argument("--full-fio", action="store_true",
                     help="the whole fio grid (bs 4K..1M x iodepth 1..32) on every system: hours")
     ap.add_argument("--no-1core", action="store_true", help="skip the 1-core phase")
-    ap.add_argument("--img-gib", type=int, default=4, help="btrfs loop image / zpool size in GiB (sparse)")
+    ap.add_argument("--img-gib", type=int, default=4, help="loop images' (btrfs, ext4 lowers) and the zpool's size in GiB (sparse)")
+    ap.add_argument("--lower", choices=("ext4", "dir"), default="ext4",
+                    help="where bare and the FUSE systems keep their files: a fresh ext4 on a loop device per system, "
+                         "like btrfs's (default), or a directory of the work dir's file system")
     ap.add_argument("--verify", action="store_true", help="cmp every read back with its source (quick: on)")
     a = ap.parse_args(argv)
     a.experiments = [x for x in a.experiments.split(",") if x]
@@ -1111,6 +1144,8 @@ def main(argv):
         if "tree" in data:
             res["meta"]["tree"] = workloads.tree_info(data["tree"])
         res["meta"]["versions"] = versions(env)
+        res["meta"]["lower"] = ("a fresh ext4 on a loop device per system (bare and FUSE lowers)" if env.lower_fs == "ext4"
+                                else "a directory of the work dir's file system")
         allc = sorted(os.sched_getaffinity(0))
         phase(env, set(allc), systems, data, args, full=True)
         if "cores" in args.experiments and not args.no_1core and len(allc) > 1:
