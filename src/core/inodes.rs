@@ -298,6 +298,29 @@ impl InodeTable {
         self.insert(Some((parent, name.to_os_string())), fd, readable, st, 1)
     }
 
+    /// Adds one kernel lookup to the inode at lower (dev, ino), found as `name` in `parent`, if
+    /// the table holds it with its descriptor open: a lookup that needs no open.
+    pub fn remember_known(&self, parent: u64, name: &OsStr, dev: u64, ino: u64) -> Option<Node> {
+        let inode = {
+            let mut t = self.inner.lock();
+            let id = match t.remapped.get(&(dev, ino)) {
+                Some(&id) => id,
+                None if dev == self.root_dev && ino != ROOT && ino < REMAPPED_BASE => ino,
+                None => return None,
+            };
+            let entry = t.by_id.get_mut(&id)?;
+            let mut place = entry.inode.place.lock();
+            let fd = place.fd.clone()?;
+            let readable = place.readable;
+            place.link = Some((parent, name.to_os_string()));
+            drop(place);
+            entry.lookups += 1;
+            Node { inode: entry.inode.clone(), fd, readable }
+        };
+        inode.last_used.store(self.clock.fetch_add(1, Ordering::Relaxed), Ordering::Relaxed);
+        Some(inode)
+    }
+
     /// Adds `lookups` kernel lookups to the inode `fd` (registering it if new); `link`, where
     /// known, replaces its place.
     fn insert(&self, link: Option<(u64, OsString)>, fd: OwnedFd, readable: bool, st: &libc::stat, lookups: u64) -> Arc<Inode> {

@@ -27,7 +27,7 @@ impl DenseFs {
         let inode = match name.as_bytes() {
             b"." => self.inodes.lookup_self(parent)?,
             b".." => self.inodes.lookup_parent(parent)?,
-            _ => return self.lookup_child(parent, &self.inode(parent)?, name, false),
+            _ => return self.lookup_child(parent, &self.inode(parent)?, name, None),
         };
         match self.inode(inode.nodeid).and_then(|node| self.attr_of(&node)) {
             Ok(attr) => Ok(attr),
@@ -39,9 +39,28 @@ impl DenseFs {
     }
 
     /// Looks `name` up in directory `dir` (node `parent`) and registers one kernel lookup.
-    /// `surely_regular`: readdir said it is a regular file, so it is opened for reading at once
-    /// and that one descriptor serves as its handle and to read its header.
-    fn lookup_child(&self, parent: u64, dir: &Node, name: &OsStr, surely_regular: bool) -> FsResult<Attr> {
+    /// An inode the table holds open costs one fstatat (the kernel looks names up again each
+    /// time its entry expires). `listed`: what readdir said of it, (inode number, is a regular
+    /// file): an inode the table does not hold is then opened at once, and a regular file for
+    /// reading, so that one descriptor serves as its handle and to read its header.
+    fn lookup_child(&self, parent: u64, dir: &Node, name: &OsStr, listed: Option<(u64, bool)>) -> FsResult<Attr> {
+        let dev = dir.lower_id().0;
+        let surely_regular = match listed {
+            Some((ino, regular)) if self.inodes.find(dev, ino).is_none() => regular,
+            _ => {
+                let st = lower::stat_at(dir.raw_fd(), name)?;
+                if let Some(node) = self.inodes.remember_known(parent, name, st.st_dev, st.st_ino) {
+                    return match self.attr_with(&node, &st) {
+                        Ok(attr) => Ok(attr),
+                        Err(e) => {
+                            self.inodes.forget(node.nodeid, 1);
+                            Err(e)
+                        }
+                    };
+                }
+                st.st_mode & libc::S_IFMT == libc::S_IFREG
+            }
+        };
         let readable = if surely_regular { lower::open_readable(dir.raw_fd(), name).ok() } else { None };
         let (fd, st, readable) = match readable.map(|fd| lower::stat_fd(fd.as_raw_fd()).map(|st| (fd, st))).transpose()? {
             // Replaced by something else since the listing: a directory open for reading is
@@ -234,7 +253,7 @@ impl DenseFs {
                 emitted = true;
                 continue;
             }
-            let attr = match self.lookup_child(*nodeid, &dir, &entry.name, entry.surely_regular) {
+            let attr = match self.lookup_child(*nodeid, &dir, &entry.name, Some((entry.ino, entry.surely_regular))) {
                 Ok(attr) => attr,
                 Err(e) if matches!(e.errno, libc::ENOENT | libc::ESTALE) => continue,
                 // The kernel asks again from the entry that failed.

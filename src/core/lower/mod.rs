@@ -142,6 +142,16 @@ pub fn upgrade_to_write(file: &File, path_fd: RawFd) -> io::Result<()> {
 
 // ---- status ---------------------------------------------------------------------------
 
+/// fstatat(2) of `name` in `dir`, not following a symlink.
+pub fn stat_at(dir: RawFd, name: &OsStr) -> io::Result<libc::stat> {
+    let name = cstr(name)?;
+    // SAFETY: `stat` is a plain C struct of integers; all zeros is a valid value.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: `name` is NUL-terminated; fstatat writes only into `st`.
+    check(unsafe { libc::fstatat(dir, name.as_ptr(), &mut st, libc::AT_SYMLINK_NOFOLLOW) })?;
+    Ok(st)
+}
+
 /// The (device, inode number) of `name` in directory `dir`, without following a symlink; `None`
 /// if it cannot be stat'ed.
 pub fn id_at(dir: RawFd, name: &CStr) -> Option<(u64, u64)> {
