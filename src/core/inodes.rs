@@ -508,6 +508,13 @@ impl InodeTable {
         }
     }
 
+    /// How many inodes the table holds (the root included), and how many descriptors it keeps
+    /// open: what `densefs iostat` shows, and how tests see that the kernel's lookups and
+    /// forgets balance.
+    pub fn census(&self) -> (usize, usize) {
+        (self.inner.lock().by_id.len(), self.open_fds.load(Ordering::Relaxed))
+    }
+
     /// The inode the kernel knows for a lower (device, inode number), if any.
     pub fn find(&self, dev: u64, ino: u64) -> Option<Arc<Inode>> {
         let t = self.inner.lock();
