@@ -138,8 +138,10 @@ impl Filesystem for FuseAdapter {
         // kernel resolves them with LOOKUP(node, ".") and LOOKUP(node, "..").
         let _ = config.add_capabilities(InitFlags::FUSE_EXPORT_SUPPORT);
         // Directory listings carry each entry's attributes (READDIRPLUS), so `ls -l` and `find`
-        // cost one request per few dozen entries instead of one LOOKUP each.
-        let _ = config.add_capabilities(InitFlags::FUSE_DO_READDIRPLUS);
+        // cost one request per few dozen entries instead of one LOOKUP each. AUTO: past a
+        // directory's first reply, only while its entries are being looked at (the kernel's
+        // heuristic), so a `find -name` of huge directories reads fewer container headers.
+        let _ = config.add_capabilities(InitFlags::FUSE_DO_READDIRPLUS | InitFlags::FUSE_READDIRPLUS_AUTO);
         Ok(())
     }
 
