@@ -1,7 +1,7 @@
 //! The inode table: FUSE node ids ↔ lower inodes.
 //!
 //! Each inode remembers where it lives (parent node and name) and caches an O_PATH descriptor
-//! to it. Descriptors are bounded: past a budget the least recently used ones are closed (never
+//! to it (or a read-only one, for a regular file first met in a listing: see `readable`). Descriptors are bounded: past a budget the least recently used ones are closed (never
 //! the root's, never those of files with open handles) and reopened from parent and name when
 //! needed again, checking that the same lower inode is found (else ESTALE). So a mount over a
 //! tree of millions of files needs no more descriptors than the budget.

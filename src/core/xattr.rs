@@ -1,5 +1,5 @@
 //! Extended attributes, passed through to the lower inode, symlinks included. Every call goes
-//! through the inode's own O_PATH descriptor as `/proc/self/fd/N` with the *following* xattr
+//! through the inode's own descriptor (O_PATH, or read-only) as `/proc/self/fd/N` with the *following* xattr
 //! calls: following that magic link lands on the inode the descriptor holds (opened with
 //! O_NOFOLLOW, so for a symlink the link itself) and goes no further, so a symlink's target is
 //! never reached, and no name is resolved again (no rename race can swap the inode). The lower
