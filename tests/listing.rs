@@ -284,3 +284,71 @@ fn a_closed_files_size_follows_writes_and_truncates() {
     assert_eq!(fs::read(m.path("f")).unwrap(), b"short");
     m.unmount();
 }
+
+fn lgetxattr(path: &Path, name: &str) -> Result<Vec<u8>, i32> {
+    let p = CString::new(path.as_os_str().as_bytes()).unwrap();
+    let n = CString::new(name).unwrap();
+    let mut buf = vec![0u8; 4096];
+    let len = unsafe { libc::lgetxattr(p.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+    if len < 0 {
+        return Err(std::io::Error::last_os_error().raw_os_error().unwrap());
+    }
+    buf.truncate(len as usize);
+    Ok(buf)
+}
+
+fn lsetxattr(path: &Path, name: &str, value: &[u8]) -> Result<(), i32> {
+    let p = CString::new(path.as_os_str().as_bytes()).unwrap();
+    let n = CString::new(name).unwrap();
+    let r = unsafe { libc::lsetxattr(p.as_ptr(), n.as_ptr(), value.as_ptr().cast(), value.len(), 0) };
+    if r < 0 {
+        return Err(std::io::Error::last_os_error().raw_os_error().unwrap());
+    }
+    Ok(())
+}
+
+fn lremovexattr(path: &Path, name: &str) -> Result<(), i32> {
+    let p = CString::new(path.as_os_str().as_bytes()).unwrap();
+    let n = CString::new(name).unwrap();
+    if unsafe { libc::lremovexattr(p.as_ptr(), n.as_ptr()) } < 0 {
+        return Err(std::io::Error::last_os_error().raw_os_error().unwrap());
+    }
+    Ok(())
+}
+
+fn llistxattr(path: &Path) -> Vec<String> {
+    let p = CString::new(path.as_os_str().as_bytes()).unwrap();
+    let mut buf = vec![0u8; 4096];
+    let len = unsafe { libc::llistxattr(p.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+    assert!(len >= 0, "llistxattr {}: {}", path.display(), std::io::Error::last_os_error());
+    buf[..len as usize].split(|&b| b == 0).filter(|n| !n.is_empty()).map(|n| String::from_utf8_lossy(n).into_owned()).collect()
+}
+
+/// Files met in a listing keep a read-only lower descriptor, which their xattr calls use (no
+/// /proc path): values, lists, creation and removal reach the lower file as before, and
+/// densefs's own names stay hidden.
+#[test]
+fn xattrs_of_files_met_in_a_listing() {
+    let d = Dirs::new();
+    let m = Mount::new(&d.lower, &d.mnt, "");
+    fs::create_dir(m.path("dir")).unwrap();
+    fs::write(m.path("dir/file"), compressible(10_000, 1)).unwrap();
+    lsetxattr(&m.path("dir/file"), "user.before", b"one").unwrap();
+    m.unmount();
+
+    let m = Mount::new(&d.lower, &d.mnt, "");
+    long_listing(&m.path("dir"));
+    let file = m.path("dir/file");
+    assert_eq!(lgetxattr(&file, "user.before"), Ok(b"one".to_vec()));
+    assert_eq!(lgetxattr(&file, "user.absent"), Err(libc::ENODATA));
+    lsetxattr(&file, "user.after", b"two").unwrap();
+    assert_eq!(lgetxattr(&d.lower.join("dir/file"), "user.after"), Ok(b"two".to_vec()), "set on the lower file");
+    let mut names = llistxattr(&file);
+    names.sort();
+    assert_eq!(names, ["user.after", "user.before"]);
+    lremovexattr(&file, "user.before").unwrap();
+    assert_eq!(lremovexattr(&file, "user.before"), Err(libc::ENODATA));
+    assert_eq!(lgetxattr(&d.lower.join("dir/file"), "user.before"), Err(libc::ENODATA), "removed from the lower file");
+    assert_eq!(fs::read(&file).unwrap(), compressible(10_000, 1));
+    m.unmount();
+}
