@@ -49,7 +49,9 @@ fn assert_table_returns_to_root(mnt: &Path, when: &str) {
 fn fresh_size(path: &Path) -> u64 {
     let c = CString::new(path.as_os_str().as_bytes()).unwrap();
     let mut stx: libc::statx = unsafe { std::mem::zeroed() };
-    let r = unsafe { libc::statx(libc::AT_FDCWD, c.as_ptr(), libc::AT_SYMLINK_NOFOLLOW | libc::AT_STATX_FORCE_SYNC, libc::STATX_SIZE, &mut stx) };
+    let r = unsafe {
+        libc::statx(libc::AT_FDCWD, c.as_ptr(), libc::AT_SYMLINK_NOFOLLOW | libc::AT_STATX_FORCE_SYNC, libc::STATX_SIZE, &mut stx)
+    };
     assert_eq!(r, 0, "statx {}: {}", path.display(), std::io::Error::last_os_error());
     stx.stx_size
 }

@@ -123,16 +123,9 @@ pub struct Statfs {
 
 enum Handle {
     /// `writable`: opened for writing; only those handles hear of write-back errors at close.
-    File {
-        inode: Arc<Inode>,
-        content: Content,
-        writable: bool,
-    },
-    Dir {
-        /// The directory's node.
-        nodeid: u64,
-        entries: Arc<Vec<DirEntry>>,
-    },
+    File { inode: Arc<Inode>, content: Content, writable: bool },
+    /// A directory (`nodeid`) and the snapshot of its entries taken at opendir.
+    Dir { nodeid: u64, entries: Arc<Vec<DirEntry>> },
 }
 
 /// A report kept between a size probe and the read that follows: (node, name, when, JSON).

@@ -1,7 +1,7 @@
 //! Names: lookup, create and remove directory entries, links, renames, directory listings.
 
-use super::lower::{self, cstr};
 use super::inodes::Node;
+use super::lower::{self, cstr};
 use super::{Attr, Caller, DenseFs, DirEntry, FsError, FsResult, Handle, Kind};
 use std::ffi::OsStr;
 use std::os::fd::AsRawFd;
