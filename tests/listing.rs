@@ -260,7 +260,11 @@ fn a_closed_files_size_follows_writes_and_truncates() {
     let m = Mount::new(&d.lower, &d.mnt, "");
     let path = m.path("f");
     let listed = |m: &Mount| long_listing(&m.mnt)["f"].1;
+    // The daemon keeps a header's answer once the lower ctime is a second old: each step
+    // waits for that, so its first look fills the cache and the change must be noticed.
+    let settle = || std::thread::sleep(std::time::Duration::from_millis(1100));
     fs::write(&path, compressible(300_000, 1)).unwrap();
+    settle();
     assert_eq!((fresh_size(&path), listed(&m)), (300_000, 300_000));
     fresh_size(&path); // a second look: served from what the daemon kept
 
@@ -268,14 +272,20 @@ fn a_closed_files_size_follows_writes_and_truncates() {
     f.write_all(b"more").unwrap();
     drop(f);
     assert_eq!((fresh_size(&path), listed(&m)), (300_004, 300_004), "after an append");
+    settle();
+    assert_eq!(fresh_size(&path), 300_004);
 
     // Inside the last record: the lower file may keep its size while the header changes.
     OpenOptions::new().write(true).open(&path).unwrap().set_len(299_999).unwrap();
     assert_eq!((fresh_size(&path), listed(&m)), (299_999, 299_999), "after ftruncate");
+    settle();
+    assert_eq!(fresh_size(&path), 299_999);
 
     let c = CString::new(path.as_os_str().as_bytes()).unwrap();
     assert_eq!(unsafe { libc::truncate(c.as_ptr(), 299_998) }, 0);
     assert_eq!((fresh_size(&path), listed(&m)), (299_998, 299_998), "after truncate(2)");
+    settle();
+    assert_eq!(fresh_size(&path), 299_998);
 
     fs::write(&path, b"short").unwrap();
     assert_eq!((fresh_size(&path), listed(&m)), (5, 5), "after rewriting it");

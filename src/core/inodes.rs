@@ -58,7 +58,8 @@ struct Place {
 pub struct ClosedSize {
     /// The lower file's (size, mtime, ctime) when the header was read: every change the daemon
     /// makes to a lower file (records, header, futimens) moves its ctime, so an equal stamp
-    /// means the same header.
+    /// means the same header (kept only for a ctime over a second old, so that a coarse clock
+    /// cannot give a change the same ctime).
     pub stamp: (i64, i64, i64, i64, i64),
     /// The logical size and record size; None for a file that is not a container.
     pub size: Option<(u64, u32)>,

@@ -240,7 +240,13 @@ impl DenseFs {
                 }
             },
         };
-        *inode.closed_size.lock() = Some(inodes::ClosedSize { stamp, size });
+        // Kept only once the lower ctime is a second old: a change within the same tick of a
+        // coarse clock (file systems without fine-grained ctime) could leave an equal stamp.
+        let now = lower::now();
+        let ctime_age_ns = (now.tv_sec - st.st_ctime) as i128 * 1_000_000_000 + (now.tv_nsec - st.st_ctime_nsec) as i128;
+        if ctime_age_ns > 1_000_000_000 {
+            *inode.closed_size.lock() = Some(inodes::ClosedSize { stamp, size });
+        }
         size
     }
 
