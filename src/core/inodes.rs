@@ -1,7 +1,7 @@
 //! The inode table: FUSE node ids ↔ lower inodes.
 //!
 //! Each inode remembers where it lives (parent node and name) and caches an O_PATH descriptor
-//! to it. Descriptors are bounded: past a budget the least recently used ones are closed (never
+//! to it (or a read-only one, for a regular file first met in a listing: see `readable`). Descriptors are bounded: past a budget the least recently used ones are closed (never
 //! the root's, never those of files with open handles) and reopened from parent and name when
 //! needed again, checking that the same lower inode is found (else ESTALE). So a mount over a
 //! tree of millions of files needs no more descriptors than the budget.
@@ -28,7 +28,7 @@ use std::collections::HashMap;
 use std::ffi::{OsStr, OsString};
 use std::fs::File;
 use std::io;
-use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
@@ -48,6 +48,27 @@ struct Place {
     /// number (a file handle) whose directory is unknown.
     link: Option<(u64, OsString)>,
     fd: Option<Arc<OwnedFd>>,
+    /// `fd` is open for reading (a regular file found through readdir), not O_PATH: the
+    /// container header can be read through it directly.
+    readable: bool,
+}
+
+/// What a closed regular file's header said, and the lower status it was read under.
+#[derive(Clone, Copy)]
+pub struct ClosedSize {
+    /// The lower file's (size, mtime, ctime) when the header was read: every change the daemon
+    /// makes to a lower file (records, header, futimens) moves its ctime, so an equal stamp
+    /// means the same header (kept only for a ctime over a second old, so that a coarse clock
+    /// cannot give a change the same ctime).
+    pub stamp: (i64, i64, i64, i64, i64),
+    /// The logical size and record size; None for a file that is not a container.
+    pub size: Option<(u64, u32)>,
+}
+
+impl ClosedSize {
+    pub fn stamp_of(st: &libc::stat) -> (i64, i64, i64, i64, i64) {
+        (st.st_size, st.st_mtime, st.st_mtime_nsec, st.st_ctime, st.st_ctime_nsec)
+    }
 }
 
 pub struct Inode {
@@ -66,6 +87,9 @@ pub struct Inode {
     /// A directory's own properties, once read: every change to them goes through
     /// `DenseFs::set_property`, so creating a file reads no xattrs of its ancestors.
     pub local_props: Mutex<Option<LocalProps>>,
+    /// The logical size of a closed regular file, so a second lookup or getattr does not read
+    /// the header again (checked against the lower file's status before use).
+    pub closed_size: Mutex<Option<ClosedSize>>,
 }
 
 /// `content` is set while handles are open, and also after the last close when writing it back
@@ -93,11 +117,17 @@ impl Inode {
 pub struct Node {
     pub inode: Arc<Inode>,
     fd: Arc<OwnedFd>,
+    readable: bool,
 }
 
 impl Node {
     pub fn raw_fd(&self) -> RawFd {
         self.fd.as_raw_fd()
+    }
+
+    /// The cached descriptor when it is open for reading (not O_PATH).
+    pub fn readable_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        self.readable.then(|| self.fd.as_fd())
     }
 }
 
@@ -149,10 +179,11 @@ impl InodeTable {
             dev: root_dev,
             ino: root_ino,
             generation: 0, // the kernel made the root inode with generation 0
-            place: Mutex::new(Place { link: Some((ROOT, OsString::new())), fd: Some(Arc::new(root_fd)) }),
+            place: Mutex::new(Place { link: Some((ROOT, OsString::new())), fd: Some(Arc::new(root_fd)), readable: false }),
             last_used: AtomicU64::new(u64::MAX),
             open: Mutex::new(OpenState::default()),
             local_props: Mutex::new(None),
+            closed_size: Mutex::new(None),
         });
         let mut by_id = HashMap::new();
         by_id.insert(ROOT, Entry { inode: root, lookups: 1 });
@@ -175,24 +206,25 @@ impl InodeTable {
     /// The inode with a usable descriptor, reopened from its parent if it was evicted.
     pub fn node(&self, nodeid: u64) -> io::Result<Node> {
         let inode = self.get(nodeid).ok_or_else(|| errno(libc::ESTALE))?;
-        let fd = self.fd(&inode)?;
-        Ok(Node { inode, fd })
+        let (fd, readable) = self.fd(&inode)?;
+        Ok(Node { inode, fd, readable })
     }
 
-    fn fd(&self, inode: &Inode) -> io::Result<Arc<OwnedFd>> {
+    /// The inode's descriptor, and whether it is open for reading (else O_PATH).
+    fn fd(&self, inode: &Inode) -> io::Result<(Arc<OwnedFd>, bool)> {
         if inode.nodeid != ROOT {
             inode.last_used.store(self.clock.fetch_add(1, Ordering::Relaxed), Ordering::Relaxed);
         }
         let link = {
             let place = inode.place.lock();
             if let Some(fd) = &place.fd {
-                return Ok(fd.clone());
+                return Ok((fd.clone(), place.readable));
             }
             place.link.clone()
         };
         let by_name = match &link {
             Some((parent, name)) => match self.get(*parent) {
-                Some(parent) => self.fd(&parent).and_then(|dir| lower::open_path(dir.as_raw_fd(), name)),
+                Some(parent) => self.fd(&parent).and_then(|(dir, _)| lower::open_path(dir.as_raw_fd(), name)),
                 None => Err(errno(libc::ESTALE)),
             },
             None => Err(errno(libc::ESTALE)),
@@ -210,12 +242,13 @@ impl InodeTable {
         {
             let mut place = inode.place.lock();
             if let Some(existing) = &place.fd {
-                return Ok(existing.clone());
+                return Ok((existing.clone(), place.readable));
             }
             place.fd = Some(fd.clone());
+            place.readable = false;
         }
         self.opened_fd();
-        Ok(fd)
+        Ok((fd, false))
     }
 
     fn opened_fd(&self) {
@@ -260,14 +293,38 @@ impl InodeTable {
         id
     }
 
-    /// Registers one kernel lookup of `name` in `parent`, found as `fd`.
-    pub fn remember(&self, parent: u64, name: &OsStr, fd: OwnedFd, st: &libc::stat) -> Arc<Inode> {
-        self.insert(Some((parent, name.to_os_string())), fd, st, 1)
+    /// Registers one kernel lookup of `name` in `parent`, found as `fd` (`readable`: opened for
+    /// reading, else O_PATH).
+    pub fn remember(&self, parent: u64, name: &OsStr, fd: OwnedFd, readable: bool, st: &libc::stat) -> Arc<Inode> {
+        self.insert(Some((parent, name.to_os_string())), fd, readable, st, 1)
+    }
+
+    /// Adds one kernel lookup to the inode at lower (dev, ino), found as `name` in `parent`, if
+    /// the table holds it with its descriptor open: a lookup that needs no open.
+    pub fn remember_known(&self, parent: u64, name: &OsStr, dev: u64, ino: u64) -> Option<Node> {
+        let inode = {
+            let mut t = self.inner.lock();
+            let id = match t.remapped.get(&(dev, ino)) {
+                Some(&id) => id,
+                None if dev == self.root_dev && ino != ROOT && ino < REMAPPED_BASE => ino,
+                None => return None,
+            };
+            let entry = t.by_id.get_mut(&id)?;
+            let mut place = entry.inode.place.lock();
+            let fd = place.fd.clone()?;
+            let readable = place.readable;
+            place.link = Some((parent, name.to_os_string()));
+            drop(place);
+            entry.lookups += 1;
+            Node { inode: entry.inode.clone(), fd, readable }
+        };
+        inode.last_used.store(self.clock.fetch_add(1, Ordering::Relaxed), Ordering::Relaxed);
+        Some(inode)
     }
 
     /// Adds `lookups` kernel lookups to the inode `fd` (registering it if new); `link`, where
     /// known, replaces its place.
-    fn insert(&self, link: Option<(u64, OsString)>, fd: OwnedFd, st: &libc::stat, lookups: u64) -> Arc<Inode> {
+    fn insert(&self, link: Option<(u64, OsString)>, fd: OwnedFd, readable: bool, st: &libc::stat, lookups: u64) -> Arc<Inode> {
         let mut t = self.inner.lock();
         let id = self.nodeid_for(&mut t, st.st_dev, st.st_ino);
         if let Some(e) = t.by_id.get_mut(&id) {
@@ -282,6 +339,7 @@ impl InodeTable {
                 let empty = place.fd.is_none();
                 if empty {
                     place.fd = Some(Arc::new(fd));
+                    place.readable = readable;
                 }
                 empty
             };
@@ -295,7 +353,7 @@ impl InodeTable {
         let mut t = self.inner.lock();
         if t.by_id.contains_key(&id) {
             drop(t);
-            return self.insert(link, fd, st, lookups); // registered meanwhile
+            return self.insert(link, fd, readable, st, lookups); // registered meanwhile
         }
         let inode = Arc::new(Inode {
             nodeid: id,
@@ -303,10 +361,11 @@ impl InodeTable {
             dev: st.st_dev,
             ino: st.st_ino,
             generation,
-            place: Mutex::new(Place { link, fd: Some(Arc::new(fd)) }),
+            place: Mutex::new(Place { link, fd: Some(Arc::new(fd)), readable }),
             last_used: AtomicU64::new(self.clock.fetch_add(1, Ordering::Relaxed)),
             open: Mutex::new(OpenState::default()),
             local_props: Mutex::new(None),
+            closed_size: Mutex::new(None),
         });
         t.by_id.insert(id, Entry { inode: inode.clone(), lookups });
         drop(t);
@@ -346,7 +405,7 @@ impl InodeTable {
     /// with `lookups` kernel lookups. A directory's place is found by walking "..".
     fn register(&self, fd: OwnedFd, st: &libc::stat, lookups: u64) -> io::Result<Arc<Inode>> {
         let link = if st.st_mode & libc::S_IFMT == libc::S_IFDIR { Some(self.link_of_dir(&fd, st)?) } else { None };
-        Ok(self.insert(link, fd, st, lookups))
+        Ok(self.insert(link, fd, false, st, lookups))
     }
 
     /// A directory's parent node and name: its ".." (registered, without a kernel lookup, if
@@ -448,6 +507,13 @@ impl InodeTable {
                 }
             }
         }
+    }
+
+    /// How many inodes the table holds (the root included), and how many descriptors it keeps
+    /// open: what `densefs iostat` shows, and how tests see that the kernel's lookups and
+    /// forgets balance.
+    pub fn census(&self) -> (usize, usize) {
+        (self.inner.lock().by_id.len(), self.open_fds.load(Ordering::Relaxed))
     }
 
     /// The inode the kernel knows for a lower (device, inode number), if any.

@@ -21,7 +21,7 @@ pub mod store;
 mod xattr;
 
 use crate::engine::{Engine, RecordPolicy};
-use container::{Container, CreateSettings};
+use container::CreateSettings;
 pub use error::{FsError, FsResult};
 use inodes::{Content, Inode, InodeTable, Node};
 use parking_lot::Mutex;
@@ -106,6 +106,8 @@ pub struct DirEntry {
     pub ino: u64,
     pub kind: Kind,
     pub name: std::ffi::OsString,
+    /// The lower directory said it is a regular file (DT_REG; `kind` is File for DT_UNKNOWN too).
+    pub surely_regular: bool,
 }
 
 pub struct Statfs {
@@ -121,14 +123,9 @@ pub struct Statfs {
 
 enum Handle {
     /// `writable`: opened for writing; only those handles hear of write-back errors at close.
-    File {
-        inode: Arc<Inode>,
-        content: Content,
-        writable: bool,
-    },
-    Dir {
-        entries: Arc<Vec<DirEntry>>,
-    },
+    File { inode: Arc<Inode>, content: Content, writable: bool },
+    /// A directory (`nodeid`) and the snapshot of its entries taken at opendir.
+    Dir { nodeid: u64, entries: Arc<Vec<DirEntry>> },
 }
 
 /// A report kept between a size probe and the read that follows: (node, name, when, JSON).
@@ -211,28 +208,53 @@ impl DenseFs {
     }
 
     /// The logical size and record size of a regular file that is not open: from its header
-    /// (read without moving the access time), or the lower file's own.
-    fn closed_file_size(&self, inode: &Node, lower_size: u64) -> FsResult<Option<(u64, u32)>> {
-        if lower_size == 0 {
-            return Ok(None);
+    /// (read without moving the access time), or the lower file's own (None). The answer is
+    /// kept on the inode with the lower status it was read under, and reused while that status
+    /// is unchanged.
+    fn closed_file_size(&self, inode: &Node, st: &libc::stat) -> Option<(u64, u32)> {
+        if st.st_size == 0 {
+            return None;
         }
-        let file = match lower::reopen_read(inode.raw_fd(), true) {
-            Ok(f) => f,
-            // Unreadable by the daemon (not root, mode 000): show the lower size.
-            Err(_) => return Ok(None),
-        };
-        match Container::probe(&file) {
-            Ok(Some(header)) => Ok(Some((header.size, header.layout.record_size() as u32))),
-            Ok(None) => Ok(None),
-            Err(e) => {
-                tracing::error!(file = %self.label(inode), "damaged container header: {e}");
-                Ok(None)
+        let stamp = inodes::ClosedSize::stamp_of(st);
+        if let Some(known) = *inode.closed_size.lock() {
+            if known.stamp == stamp {
+                return known.size;
             }
         }
+        let mut block = vec![0u8; crate::format::layout::HEADER_BLOCK as usize];
+        let read = match inode.readable_fd() {
+            Some(fd) => lower::pread_full_fd(fd, &mut block, 0),
+            None => lower::reopen_read(inode.raw_fd(), true).and_then(|file| lower::pread_full(&file, &mut block, 0)),
+        };
+        let size = match read {
+            // Unreadable by the daemon (not root, mode 000): show the lower size.
+            Err(_) => return None,
+            Ok(n) => match crate::format::Header::decode(&block[..n]) {
+                Ok(Some(header)) => Some((header.size, header.layout.record_size() as u32)),
+                Ok(None) => None,
+                Err(e) => {
+                    tracing::error!(file = %self.label(inode), "damaged container header: {e}");
+                    return None;
+                }
+            },
+        };
+        // Kept only once the lower ctime is a second old: a change within the same tick of a
+        // coarse clock (file systems without fine-grained ctime) could leave an equal stamp.
+        let now = lower::now();
+        let ctime_age_ns = (now.tv_sec - st.st_ctime) as i128 * 1_000_000_000 + (now.tv_nsec - st.st_ctime_nsec) as i128;
+        if ctime_age_ns > 1_000_000_000 {
+            *inode.closed_size.lock() = Some(inodes::ClosedSize { stamp, size });
+        }
+        size
     }
 
     fn attr_of(&self, inode: &Node) -> FsResult<Attr> {
         let st = lower::stat_fd(inode.raw_fd())?;
+        self.attr_with(inode, &st)
+    }
+
+    /// The attributes of `inode`, whose lower status `st` the caller just read.
+    fn attr_with(&self, inode: &Node, st: &libc::stat) -> FsResult<Attr> {
         let kind = Kind::from_mode(st.st_mode);
         let mut size = st.st_size as u64;
         let mut blksize = st.st_blksize as u32;
@@ -252,7 +274,7 @@ impl DenseFs {
                 }
                 Some(Content::Plain(_)) => {}
                 None => {
-                    if let Some((logical, record_size)) = self.closed_file_size(inode, size)? {
+                    if let Some((logical, record_size)) = self.closed_file_size(inode, st) {
                         size = logical;
                         blksize = record_size;
                     }

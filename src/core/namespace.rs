@@ -1,5 +1,6 @@
 //! Names: lookup, create and remove directory entries, links, renames, directory listings.
 
+use super::inodes::Node;
 use super::lower::{self, cstr};
 use super::{Attr, Caller, DenseFs, DirEntry, FsError, FsResult, Handle, Kind};
 use std::ffi::OsStr;
@@ -26,14 +27,53 @@ impl DenseFs {
         let inode = match name.as_bytes() {
             b"." => self.inodes.lookup_self(parent)?,
             b".." => self.inodes.lookup_parent(parent)?,
-            _ => {
-                let dir = self.inode(parent)?;
-                let fd = lower::open_path(dir.raw_fd(), name)?;
-                let st = lower::stat_fd(fd.as_raw_fd())?;
-                self.inodes.remember(parent, name, fd, &st)
-            }
+            _ => return self.lookup_child(parent, &self.inode(parent)?, name, None),
         };
         match self.inode(inode.nodeid).and_then(|node| self.attr_of(&node)) {
+            Ok(attr) => Ok(attr),
+            Err(e) => {
+                self.inodes.forget(inode.nodeid, 1);
+                Err(e)
+            }
+        }
+    }
+
+    /// Looks `name` up in directory `dir` (node `parent`) and registers one kernel lookup.
+    /// An inode the table holds open costs one fstatat (the kernel looks names up again each
+    /// time its entry expires). `listed`: what readdir said of it, (inode number, is a regular
+    /// file): an inode the table does not hold is then opened at once, and a regular file for
+    /// reading, so that one descriptor serves as its handle and to read its header.
+    fn lookup_child(&self, parent: u64, dir: &Node, name: &OsStr, listed: Option<(u64, bool)>) -> FsResult<Attr> {
+        let dev = dir.lower_id().0;
+        let surely_regular = match listed {
+            Some((ino, regular)) if self.inodes.find(dev, ino).is_none() => regular,
+            _ => {
+                let st = lower::stat_at(dir.raw_fd(), name)?;
+                if let Some(node) = self.inodes.remember_known(parent, name, st.st_dev, st.st_ino) {
+                    return match self.attr_with(&node, &st) {
+                        Ok(attr) => Ok(attr),
+                        Err(e) => {
+                            self.inodes.forget(node.nodeid, 1);
+                            Err(e)
+                        }
+                    };
+                }
+                st.st_mode & libc::S_IFMT == libc::S_IFREG
+            }
+        };
+        let readable = if surely_regular { lower::open_readable(dir.raw_fd(), name).ok() } else { None };
+        let (fd, st, readable) = match readable.map(|fd| lower::stat_fd(fd.as_raw_fd()).map(|st| (fd, st))).transpose()? {
+            // Replaced by something else since the listing: a directory open for reading is
+            // harmless, anything else (a FIFO, a device) is let go at once and opened as O_PATH.
+            Some((fd, st)) if matches!(st.st_mode & libc::S_IFMT, libc::S_IFREG | libc::S_IFDIR) => (fd, st, true),
+            _ => {
+                let fd = lower::open_path(dir.raw_fd(), name)?;
+                let st = lower::stat_fd(fd.as_raw_fd())?;
+                (fd, st, false)
+            }
+        };
+        let inode = self.inodes.remember(parent, name, fd, readable, &st);
+        match self.inode(inode.nodeid).and_then(|node| self.attr_with(&node, &st)) {
             Ok(attr) => Ok(attr),
             Err(e) => {
                 self.inodes.forget(inode.nodeid, 1);
@@ -158,6 +198,7 @@ impl DenseFs {
             if super::props::is_reserved_name(&name) {
                 continue;
             }
+            let surely_regular = ent.kind == libc::DT_REG;
             let kind = match ent.kind {
                 libc::DT_DIR => Kind::Dir,
                 libc::DT_LNK => Kind::Symlink,
@@ -168,22 +209,67 @@ impl DenseFs {
                 _ => Kind::File,
             };
             let ino = if name == "." || name == ".." { nodeid } else { ent.ino };
-            entries.push(DirEntry { ino, kind, name });
+            entries.push(DirEntry { ino, kind, name, surely_regular });
         }
         drop(stream); // closedir
-        Ok(self.new_handle(Handle::Dir { entries: Arc::new(entries) }))
+        Ok(self.new_handle(Handle::Dir { nodeid, entries: Arc::new(entries) }))
     }
 
     /// Entries from `offset` on, each with the offset of the next one.
     pub fn readdir(&self, fh: u64, offset: u64) -> FsResult<Vec<(u64, DirEntry)>> {
         let handle = self.handle(fh)?;
-        let Handle::Dir { entries } = &*handle else { return Err(FsError::errno(libc::ENOTDIR)) };
+        let Handle::Dir { entries, .. } = &*handle else { return Err(FsError::errno(libc::ENOTDIR)) };
         Ok(entries
             .iter()
             .enumerate()
             .skip(offset as usize)
-            .map(|(i, e)| (i as u64 + 1, DirEntry { ino: e.ino, kind: e.kind, name: e.name.clone() }))
+            .map(|(i, e)| (i as u64 + 1, DirEntry { ino: e.ino, kind: e.kind, name: e.name.clone(), surely_regular: e.surely_regular }))
             .collect())
+    }
+
+    /// READDIRPLUS: entries from `offset` on with their attributes, handed to `emit` (with the
+    /// offset of the next entry) until it answers that the reply is full. The kernel takes a
+    /// reference (a lookup it will forget) on every entry it receives except "." and "..", so
+    /// each other entry is looked up here, and the one `emit` could not take is forgotten
+    /// again. An entry gone since opendir is left out.
+    pub fn readdirplus(&self, fh: u64, offset: u64, mut emit: impl FnMut(u64, &DirEntry, &Attr) -> bool) -> FsResult<()> {
+        let handle = self.handle(fh)?;
+        let Handle::Dir { nodeid, entries } = &*handle else { return Err(FsError::errno(libc::ENOTDIR)) };
+        let dir = self.inode(*nodeid)?;
+        let mut dir_attr = None;
+        let mut emitted = false;
+        for (i, entry) in entries.iter().enumerate().skip(offset as usize) {
+            let next = i as u64 + 1;
+            if entry.name == "." || entry.name == ".." {
+                // Not linked by the kernel: no lookup. Both carry the directory's own number
+                // (as in readdir), so its attributes.
+                let attr = match dir_attr {
+                    Some(attr) => attr,
+                    None => *dir_attr.insert(self.attr_of(&dir)?),
+                };
+                if emit(next, entry, &attr) {
+                    break;
+                }
+                emitted = true;
+                continue;
+            }
+            let attr = match self.lookup_child(*nodeid, &dir, &entry.name, Some((entry.ino, entry.surely_regular))) {
+                Ok(attr) => attr,
+                Err(e) if matches!(e.errno, libc::ENOENT | libc::ESTALE) => continue,
+                // The kernel asks again from the entry that failed.
+                Err(e) if emitted => {
+                    tracing::debug!("readdirplus stops before {:?}: {e}", entry.name);
+                    break;
+                }
+                Err(e) => return Err(e),
+            };
+            if emit(next, entry, &attr) {
+                self.inodes.forget(attr.ino, 1);
+                break;
+            }
+            emitted = true;
+        }
+        Ok(())
     }
 
     pub fn release_handle(&self, fh: u64) {

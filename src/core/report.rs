@@ -287,6 +287,8 @@ impl DenseFs {
         value["offload"] = self.options.properties.offload.to_string().into();
         let (used, limit) = self.memory_use();
         value["memory"] = serde_json::json!({"used": used, "limit": limit});
+        let (known, open_fds) = self.inodes.census();
+        value["inodes"] = serde_json::json!({"known": known, "descriptors": open_fds});
         value.to_string()
     }
 

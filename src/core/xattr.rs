@@ -1,5 +1,5 @@
 //! Extended attributes, passed through to the lower inode, symlinks included. Every call goes
-//! through the inode's own O_PATH descriptor as `/proc/self/fd/N` with the *following* xattr
+//! through the inode's own descriptor (O_PATH, or read-only) as `/proc/self/fd/N` with the *following* xattr
 //! calls: following that magic link lands on the inode the descriptor holds (opened with
 //! O_NOFOLLOW, so for a symlink the link itself) and goes no further, so a symlink's target is
 //! never reached, and no name is resolved again (no rename race can swap the inode). The lower
@@ -25,12 +25,12 @@ use std::time::{Duration, Instant};
 const REPORT_REUSE: Duration = Duration::from_secs(10);
 
 impl DenseFs {
-    /// The path the xattr calls take for `nodeid`, and the descriptor behind it (kept open, in
-    /// the returned node, while the call runs).
-    fn xattr_target(&self, nodeid: u64) -> FsResult<(Node, CString)> {
-        let inode = self.inode(nodeid)?;
-        let path = lower::proc_path(inode.raw_fd());
-        Ok((inode, path))
+    /// What the xattr calls take for `nodeid`: its descriptor kept open (in the node) while
+    /// the call runs, and its /proc path unless that descriptor is open for reading.
+    fn xattr_target(&self, nodeid: u64) -> FsResult<XattrTarget> {
+        let node = self.inode(nodeid)?;
+        let path = if node.readable_fd().is_some() { None } else { Some(lower::proc_path(node.raw_fd())) };
+        Ok(XattrTarget { node, path })
     }
 
     fn is_symlink(&self, nodeid: u64) -> FsResult<bool> {
@@ -76,12 +76,12 @@ impl DenseFs {
             }
             return self.own_getxattr(nodeid, key, probe);
         }
-        let (_node, path) = self.xattr_target(nodeid)?;
+        let target = self.xattr_target(nodeid)?;
         let name = cstr(name)?;
         loop {
-            let len = lower::getxattr(&path, &name, &mut [])?;
+            let len = lower::getxattr_on(target.on(), &name, &mut [])?;
             let mut buf = vec![0u8; len];
-            match lower::getxattr(&path, &name, &mut buf) {
+            match lower::getxattr_on(target.on(), &name, &mut buf) {
                 Ok(n) => {
                     buf.truncate(n);
                     return Ok(buf);
@@ -94,11 +94,11 @@ impl DenseFs {
 
     /// The NUL-separated list of names.
     pub fn listxattr(&self, nodeid: u64) -> FsResult<Vec<u8>> {
-        let (_node, path) = self.xattr_target(nodeid)?;
+        let target = self.xattr_target(nodeid)?;
         loop {
-            let len = lower::listxattr(&path, &mut [])?;
+            let len = lower::listxattr_on(target.on(), &mut [])?;
             let mut buf = vec![0u8; len];
-            match lower::listxattr(&path, &mut buf) {
+            match lower::listxattr_on(target.on(), &mut buf) {
                 Ok(n) => {
                     buf.truncate(n);
                     return Ok(hide_own_names(&buf));
@@ -122,9 +122,9 @@ impl DenseFs {
                 _ => self.set_property(nodeid, key, Some(value.trim())),
             };
         }
-        let (_node, path) = self.xattr_target(nodeid)?;
+        let target = self.xattr_target(nodeid)?;
         let name = cstr(name)?;
-        lower::setxattr(&path, &name, value, flags)?;
+        lower::setxattr_on(target.on(), &name, value, flags)?;
         Ok(())
     }
 
@@ -139,10 +139,26 @@ impl DenseFs {
                 _ => self.set_property(nodeid, key, None),
             };
         }
-        let (_node, path) = self.xattr_target(nodeid)?;
+        let target = self.xattr_target(nodeid)?;
         let name = cstr(name)?;
-        lower::removexattr(&path, &name)?;
+        lower::removexattr_on(target.on(), &name)?;
         Ok(())
+    }
+}
+
+/// An inode held for an xattr call, and the /proc path to use when its descriptor is O_PATH.
+struct XattrTarget {
+    node: Node,
+    path: Option<CString>,
+}
+
+impl XattrTarget {
+    fn on(&self) -> lower::XattrOn<'_> {
+        match (&self.path, self.node.readable_fd()) {
+            (None, Some(fd)) => lower::XattrOn::Fd(fd),
+            (Some(path), _) => lower::XattrOn::Path(path),
+            (None, None) => unreachable!("BUG: a target without a path has a readable descriptor"),
+        }
     }
 }
 

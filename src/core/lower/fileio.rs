@@ -3,7 +3,7 @@
 use crate::core::error::check;
 use std::fs::File;
 use std::io;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd};
 use std::os::unix::fs::FileExt;
 
 /// Reads until `buf` is full or the file ends: the bytes read.
@@ -29,6 +29,14 @@ pub fn pread_full(file: &File, buf: &mut [u8], offset: u64) -> io::Result<usize>
         }
     }
     Ok(done)
+}
+
+/// [`pread_full`] on a descriptor the caller keeps (an inode's cached one, opened readable).
+pub fn pread_full_fd(fd: BorrowedFd<'_>, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+    // SAFETY: the File is only borrowed for the reads: ManuallyDrop never closes the
+    // descriptor, which `fd` keeps owning and which stays open for the borrow's lifetime.
+    let file = std::mem::ManuallyDrop::new(unsafe { File::from_raw_fd(fd.as_raw_fd()) });
+    pread_full(&file, buf, offset)
 }
 
 pub fn pwrite_all(file: &File, buf: &[u8], offset: u64) -> io::Result<()> {

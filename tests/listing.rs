@@ -1,0 +1,366 @@
+//! Directory listings (READDIRPLUS: each entry comes with its attributes, and counts as one
+//! kernel lookup the kernel will forget): `ls -l` of big directories shows logical sizes and
+//! the right types and links, entries created, deleted and renamed during a listing behave as
+//! POSIX allows, hard links and remounts agree, and the daemon's inode table returns to the
+//! root alone once the kernel drops its caches (no lookup counted that the kernel will not
+//! forget, none missing). A closed file's size stays right across writes, truncates and
+//! listings (the daemon keeps what a header said while the lower file is unchanged).
+
+mod common;
+
+use common::{compressible, wait_until, Dirs, Mount};
+use std::collections::{BTreeMap, BTreeSet};
+use std::ffi::CString;
+use std::fs::{self, OpenOptions};
+use std::io::Write;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{DirEntryExt, FileTypeExt, MetadataExt};
+use std::path::Path;
+
+fn is_root() -> bool {
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// The daemon's inode table: (inodes known, descriptors open), from `user.densefs.engine`.
+fn census(mnt: &Path) -> (u64, u64) {
+    let path = CString::new(mnt.as_os_str().as_bytes()).unwrap();
+    let name = c"user.densefs.engine";
+    let mut buf = vec![0u8; 1 << 16];
+    let n = unsafe { libc::getxattr(path.as_ptr(), name.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+    assert!(n > 0, "getxattr user.densefs.engine: {}", std::io::Error::last_os_error());
+    let v: serde_json::Value = serde_json::from_slice(&buf[..n as usize]).unwrap();
+    (v["inodes"]["known"].as_u64().expect("inodes.known"), v["inodes"]["descriptors"].as_u64().expect("inodes.descriptors"))
+}
+
+/// Makes the kernel forget every dentry and inode it does not use (it sends FORGET for each).
+fn drop_kernel_caches() {
+    fs::write("/proc/sys/vm/drop_caches", "2").unwrap();
+}
+
+/// Once the kernel has dropped its caches, the daemon holds the root alone (and one descriptor).
+fn assert_table_returns_to_root(mnt: &Path, when: &str) {
+    wait_until(&format!("the inode table to hold the root alone {when}"), || {
+        drop_kernel_caches();
+        census(mnt) == (1, 1)
+    });
+}
+
+/// The size the daemon reports now (statx with AT_STATX_FORCE_SYNC: no cached attributes).
+fn fresh_size(path: &Path) -> u64 {
+    let c = CString::new(path.as_os_str().as_bytes()).unwrap();
+    let mut stx: libc::statx = unsafe { std::mem::zeroed() };
+    let r = unsafe {
+        libc::statx(libc::AT_FDCWD, c.as_ptr(), libc::AT_SYMLINK_NOFOLLOW | libc::AT_STATX_FORCE_SYNC, libc::STATX_SIZE, &mut stx)
+    };
+    assert_eq!(r, 0, "statx {}: {}", path.display(), std::io::Error::last_os_error());
+    stx.stx_size
+}
+
+/// What `ls -l` shows of a directory: name → (kind letter, size, nlink, ino), read with
+/// readdir and lstat of each entry, as ls does.
+fn long_listing(dir: &Path) -> BTreeMap<String, (char, u64, u64, u64)> {
+    let mut out = BTreeMap::new();
+    for entry in fs::read_dir(dir).unwrap() {
+        let entry = entry.unwrap();
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let m = fs::symlink_metadata(entry.path()).unwrap();
+        let t = m.file_type();
+        let kind = if t.is_dir() {
+            'd'
+        } else if t.is_symlink() {
+            'l'
+        } else if t.is_fifo() {
+            'p'
+        } else {
+            '-'
+        };
+        assert_eq!(entry.ino(), m.ino(), "{name}: readdir's inode number and lstat's differ");
+        assert!(out.insert(name, (kind, m.len(), m.nlink(), m.ino())).is_none(), "a name listed twice");
+    }
+    out
+}
+
+/// A directory of `count` files of varied sizes and name lengths (so that listings span many
+/// replies), with a subdirectory, a symlink, a FIFO and an empty file. Returns name → size.
+fn make_big_dir(dir: &Path, count: usize) -> BTreeMap<String, u64> {
+    fs::create_dir(dir).unwrap();
+    let mut sizes = BTreeMap::new();
+    for i in 0..count {
+        let name = format!("f{i:05}-{}", "n".repeat(i % 37));
+        let len = if i % 50 == 0 { 300_000 } else { (i * 37) % 5000 + 1 };
+        fs::write(dir.join(&name), compressible(len, i as u64)).unwrap();
+        sizes.insert(name, len as u64);
+    }
+    fs::write(dir.join("empty"), b"").unwrap();
+    sizes.insert("empty".into(), 0);
+    fs::create_dir(dir.join("sub")).unwrap();
+    std::os::unix::fs::symlink("f00001-n", dir.join("link")).unwrap();
+    let fifo = CString::new(dir.join("fifo").as_os_str().as_bytes()).unwrap();
+    assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o644) }, 0);
+    sizes
+}
+
+#[test]
+fn long_listings_show_logical_sizes_and_lookups_balance() {
+    if !is_root() {
+        eprintln!("skipped: dropping the kernel's caches needs root");
+        return;
+    }
+    let d = Dirs::new();
+    let m = Mount::new(&d.lower, &d.mnt, "");
+    let sizes = make_big_dir(&m.path("big"), 2500);
+    m.unmount();
+
+    // Cold: a new daemon, a kernel that knows nothing.
+    let m = Mount::new(&d.lower, &d.mnt, "");
+    let check = |listing: &BTreeMap<String, (char, u64, u64, u64)>, when: &str| {
+        assert_eq!(listing.len(), sizes.len() + 3, "{when}: entries listed");
+        for (name, len) in &sizes {
+            let (kind, size, nlink, _) = listing[name];
+            assert_eq!((kind, size, nlink), ('-', *len, 1), "{when}: {name}");
+        }
+        assert_eq!(listing["sub"].0, 'd');
+        assert_eq!(listing["sub"].2, 2);
+        assert_eq!(listing["link"], ('l', "f00001-n".len() as u64, 1, listing["link"].3));
+        assert_eq!(listing["fifo"].0, 'p');
+    };
+    // The lower files are containers: their own sizes are not the logical ones.
+    let big_lower = fs::metadata(d.lower.join("big/f00000-")).unwrap().len();
+    assert_ne!(big_lower, 300_000, "the lower file should be a compressed container");
+
+    let first = long_listing(&m.path("big"));
+    check(&first, "cold");
+    let (known, _) = census(&m.mnt);
+    assert!(known >= sizes.len() as u64, "the listing registered its entries ({known} known)");
+    // Listed again while the kernel still holds every entry: each reply adds one more lookup
+    // to inodes the kernel has, which it forgets together later.
+    check(&long_listing(&m.path("big")), "warm");
+    assert_table_returns_to_root(&m.mnt, "after two listings");
+
+    // The kernel forgot everything: listing again registers afresh, with the same answers.
+    let again = long_listing(&m.path("big"));
+    check(&again, "after drop_caches");
+    assert_eq!(first, again, "the same inode numbers and attributes");
+    // Contents read through names the listing brought in.
+    for (name, len) in sizes.iter().step_by(97) {
+        if let Some(i) = name.strip_prefix('f').and_then(|n| n[..5].parse::<u64>().ok()) {
+            assert_eq!(fs::read(m.path("big").join(name)).unwrap(), compressible(*len as usize, i), "{name}");
+        }
+    }
+    assert_table_returns_to_root(&m.mnt, "after reading");
+    m.unmount();
+
+    // A remount lists the same.
+    let m = Mount::new(&d.lower, &d.mnt, "");
+    assert_eq!(long_listing(&m.path("big")), first, "after a remount");
+    m.unmount();
+}
+
+#[test]
+fn entries_created_deleted_and_renamed_during_a_listing() {
+    if !is_root() {
+        eprintln!("skipped: dropping the kernel's caches needs root");
+        return;
+    }
+    let d = Dirs::new();
+    let m = Mount::new(&d.lower, &d.mnt, "");
+    let dir = m.path("busy");
+    let count = 3000;
+    let sizes = make_big_dir(&dir, count);
+    drop_kernel_caches();
+
+    let mut listing = fs::read_dir(&dir).unwrap();
+    let mut seen = vec![listing.next().unwrap().unwrap().file_name().to_string_lossy().into_owned()];
+    // While the listing is under way: remove a fifth, rename a fifth, grow a fifth, add 500.
+    let mut expected_sizes = BTreeMap::new();
+    for (i, (name, len)) in sizes.iter().enumerate() {
+        match i % 5 {
+            1 => fs::remove_file(dir.join(name)).unwrap(),
+            2 => fs::rename(dir.join(name), dir.join(format!("renamed-{name}"))).unwrap(),
+            3 => {
+                let mut f = OpenOptions::new().append(true).open(dir.join(name)).unwrap();
+                f.write_all(&compressible(1000, 7)).unwrap();
+                expected_sizes.insert(name.clone(), len + 1000);
+            }
+            _ => {
+                expected_sizes.insert(name.clone(), *len);
+            }
+        }
+    }
+    for i in 0..500 {
+        fs::write(dir.join(format!("new-{i}")), vec![b'x'; i]).unwrap();
+    }
+    for entry in listing {
+        seen.push(entry.unwrap().file_name().to_string_lossy().into_owned());
+    }
+
+    let unique: BTreeSet<&String> = seen.iter().collect();
+    assert_eq!(unique.len(), seen.len(), "no entry listed twice");
+    for name in expected_sizes.keys() {
+        assert!(unique.contains(name), "{name} existed throughout but was not listed");
+    }
+    // Whatever was listed and still exists shows its size now, through the attributes the
+    // listing brought (lstat within the entry timeout) and afresh.
+    for name in &seen {
+        let path = dir.join(name);
+        let Ok(m) = fs::symlink_metadata(&path) else { continue };
+        if !m.is_file() {
+            continue;
+        }
+        let real = fs::read(&path).unwrap().len() as u64;
+        assert_eq!(m.len(), real, "{name}: listed size");
+        assert_eq!(fresh_size(&path), real, "{name}: fresh size");
+        if let Some(len) = expected_sizes.get(name) {
+            assert_eq!(real, *len, "{name}: contents");
+        }
+    }
+    assert_table_returns_to_root(&m.mnt, "after a listing that raced with changes");
+    m.unmount();
+}
+
+#[test]
+fn hard_links_listed_in_two_directories() {
+    if !is_root() {
+        eprintln!("skipped: dropping the kernel's caches needs root");
+        return;
+    }
+    let d = Dirs::new();
+    let m = Mount::new(&d.lower, &d.mnt, "");
+    fs::create_dir(m.path("a")).unwrap();
+    fs::create_dir(m.path("b")).unwrap();
+    let data = compressible(200_000, 5);
+    fs::write(m.path("a/one"), &data).unwrap();
+    fs::hard_link(m.path("a/one"), m.path("a/two")).unwrap();
+    fs::hard_link(m.path("a/one"), m.path("b/three")).unwrap();
+    m.unmount();
+
+    let m = Mount::new(&d.lower, &d.mnt, "");
+    let a = long_listing(&m.path("a"));
+    let b = long_listing(&m.path("b"));
+    let ino = a["one"].3;
+    assert_eq!(a["one"], ('-', 200_000, 3, ino));
+    assert_eq!(a["two"], ('-', 200_000, 3, ino));
+    assert_eq!(b["three"], ('-', 200_000, 3, ino));
+    assert_eq!(census(&m.mnt).0, 4, "root, a, b and the one file");
+    assert_table_returns_to_root(&m.mnt, "after listing hard links");
+
+    long_listing(&m.path("b"));
+    fs::remove_file(m.path("a/one")).unwrap();
+    let b = long_listing(&m.path("b"));
+    assert_eq!(b["three"], ('-', 200_000, 2, ino));
+    assert_eq!(fs::read(m.path("b/three")).unwrap(), data);
+    assert_eq!(long_listing(&m.path("a"))["two"], ('-', 200_000, 2, ino));
+    assert_table_returns_to_root(&m.mnt, "after unlinking one of the links");
+    m.unmount();
+}
+
+#[test]
+fn a_closed_files_size_follows_writes_and_truncates() {
+    let d = Dirs::new();
+    let m = Mount::new(&d.lower, &d.mnt, "");
+    let path = m.path("f");
+    let listed = |m: &Mount| long_listing(&m.mnt)["f"].1;
+    // The daemon keeps a header's answer once the lower ctime is a second old: each step
+    // waits for that, so its first look fills the cache and the change must be noticed.
+    let settle = || std::thread::sleep(std::time::Duration::from_millis(1100));
+    fs::write(&path, compressible(300_000, 1)).unwrap();
+    settle();
+    assert_eq!((fresh_size(&path), listed(&m)), (300_000, 300_000));
+    fresh_size(&path); // a second look: served from what the daemon kept
+
+    let mut f = OpenOptions::new().append(true).open(&path).unwrap();
+    f.write_all(b"more").unwrap();
+    drop(f);
+    assert_eq!((fresh_size(&path), listed(&m)), (300_004, 300_004), "after an append");
+    settle();
+    assert_eq!(fresh_size(&path), 300_004);
+
+    // Inside the last record: the lower file may keep its size while the header changes.
+    OpenOptions::new().write(true).open(&path).unwrap().set_len(299_999).unwrap();
+    assert_eq!((fresh_size(&path), listed(&m)), (299_999, 299_999), "after ftruncate");
+    settle();
+    assert_eq!(fresh_size(&path), 299_999);
+
+    let c = CString::new(path.as_os_str().as_bytes()).unwrap();
+    assert_eq!(unsafe { libc::truncate(c.as_ptr(), 299_998) }, 0);
+    assert_eq!((fresh_size(&path), listed(&m)), (299_998, 299_998), "after truncate(2)");
+    settle();
+    assert_eq!(fresh_size(&path), 299_998);
+
+    fs::write(&path, b"short").unwrap();
+    assert_eq!((fresh_size(&path), listed(&m)), (5, 5), "after rewriting it");
+    m.unmount();
+
+    let m = Mount::new(&d.lower, &d.mnt, "");
+    assert_eq!((fresh_size(&m.path("f")), listed(&m)), (5, 5), "after a remount");
+    assert_eq!(fs::read(m.path("f")).unwrap(), b"short");
+    m.unmount();
+}
+
+fn lgetxattr(path: &Path, name: &str) -> Result<Vec<u8>, i32> {
+    let p = CString::new(path.as_os_str().as_bytes()).unwrap();
+    let n = CString::new(name).unwrap();
+    let mut buf = vec![0u8; 4096];
+    let len = unsafe { libc::lgetxattr(p.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+    if len < 0 {
+        return Err(std::io::Error::last_os_error().raw_os_error().unwrap());
+    }
+    buf.truncate(len as usize);
+    Ok(buf)
+}
+
+fn lsetxattr(path: &Path, name: &str, value: &[u8]) -> Result<(), i32> {
+    let p = CString::new(path.as_os_str().as_bytes()).unwrap();
+    let n = CString::new(name).unwrap();
+    let r = unsafe { libc::lsetxattr(p.as_ptr(), n.as_ptr(), value.as_ptr().cast(), value.len(), 0) };
+    if r < 0 {
+        return Err(std::io::Error::last_os_error().raw_os_error().unwrap());
+    }
+    Ok(())
+}
+
+fn lremovexattr(path: &Path, name: &str) -> Result<(), i32> {
+    let p = CString::new(path.as_os_str().as_bytes()).unwrap();
+    let n = CString::new(name).unwrap();
+    if unsafe { libc::lremovexattr(p.as_ptr(), n.as_ptr()) } < 0 {
+        return Err(std::io::Error::last_os_error().raw_os_error().unwrap());
+    }
+    Ok(())
+}
+
+fn llistxattr(path: &Path) -> Vec<String> {
+    let p = CString::new(path.as_os_str().as_bytes()).unwrap();
+    let mut buf = vec![0u8; 4096];
+    let len = unsafe { libc::llistxattr(p.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+    assert!(len >= 0, "llistxattr {}: {}", path.display(), std::io::Error::last_os_error());
+    buf[..len as usize].split(|&b| b == 0).filter(|n| !n.is_empty()).map(|n| String::from_utf8_lossy(n).into_owned()).collect()
+}
+
+/// Files met in a listing keep a read-only lower descriptor, which their xattr calls use (no
+/// /proc path): values, lists, creation and removal reach the lower file as before, and
+/// densefs's own names stay hidden.
+#[test]
+fn xattrs_of_files_met_in_a_listing() {
+    let d = Dirs::new();
+    let m = Mount::new(&d.lower, &d.mnt, "");
+    fs::create_dir(m.path("dir")).unwrap();
+    fs::write(m.path("dir/file"), compressible(10_000, 1)).unwrap();
+    lsetxattr(&m.path("dir/file"), "user.before", b"one").unwrap();
+    m.unmount();
+
+    let m = Mount::new(&d.lower, &d.mnt, "");
+    long_listing(&m.path("dir"));
+    let file = m.path("dir/file");
+    assert_eq!(lgetxattr(&file, "user.before"), Ok(b"one".to_vec()));
+    assert_eq!(lgetxattr(&file, "user.absent"), Err(libc::ENODATA));
+    lsetxattr(&file, "user.after", b"two").unwrap();
+    assert_eq!(lgetxattr(&d.lower.join("dir/file"), "user.after"), Ok(b"two".to_vec()), "set on the lower file");
+    let mut names = llistxattr(&file);
+    names.sort();
+    assert_eq!(names, ["user.after", "user.before"]);
+    lremovexattr(&file, "user.before").unwrap();
+    assert_eq!(lremovexattr(&file, "user.before"), Err(libc::ENODATA));
+    assert_eq!(lgetxattr(&d.lower.join("dir/file"), "user.before"), Err(libc::ENODATA), "removed from the lower file");
+    assert_eq!(fs::read(&file).unwrap(), compressible(10_000, 1));
+    m.unmount();
+}
