@@ -131,6 +131,11 @@ impl Container {
         Store::probe(file)
     }
 
+    /// [`Container::probe`] of a descriptor open for reading.
+    pub fn probe_fd(fd: std::os::fd::BorrowedFd<'_>) -> Result<Option<Header>, crate::format::FormatError> {
+        Store::probe_fd(fd)
+    }
+
     /// Turns an empty lower file into an empty container. Nothing is written until the file
     /// gets data or a size: an empty file stays an empty lower file.
     pub fn create(

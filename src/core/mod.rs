@@ -221,22 +221,22 @@ impl DenseFs {
                 return known.size;
             }
         }
-        let mut block = vec![0u8; crate::format::layout::HEADER_BLOCK as usize];
-        let read = match inode.readable_fd() {
-            Some(fd) => lower::pread_full_fd(fd, &mut block, 0),
-            None => lower::reopen_read(inode.raw_fd(), true).and_then(|file| lower::pread_full(&file, &mut block, 0)),
-        };
-        let size = match read {
-            // Unreadable by the daemon (not root, mode 000): show the lower size.
-            Err(_) => return None,
-            Ok(n) => match crate::format::Header::decode(&block[..n]) {
-                Ok(Some(header)) => Some((header.size, header.layout.record_size() as u32)),
-                Ok(None) => None,
-                Err(e) => {
-                    tracing::error!(file = %self.label(inode), "damaged container header: {e}");
-                    return None;
-                }
+        let probed = match inode.readable_fd() {
+            Some(fd) => container::Container::probe_fd(fd),
+            None => match lower::reopen_read(inode.raw_fd(), true) {
+                Ok(file) => container::Container::probe(&file),
+                // Unreadable by the daemon (not root, mode 000): show the lower size.
+                Err(_) => return None,
             },
+        };
+        let size = match probed {
+            Ok(Some(header)) => Some((header.size, header.layout.record_size() as u32)),
+            Ok(None) => None,
+            // Unreadable (an I/O error) or damaged: the lower size, and no caching.
+            Err(e) => {
+                tracing::error!(file = %self.label(inode), "damaged container header: {e}");
+                return None;
+            }
         };
         // Kept only once the lower ctime is a second old: a change within the same tick of a
         // coarse clock (file systems without fine-grained ctime) could leave an equal stamp.

@@ -19,7 +19,7 @@ use crate::format::{
 };
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::fs::File;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use tracing::{error, warn};
 
 mod slots;
@@ -194,18 +194,23 @@ impl Store {
     /// emptied) container whose first header a power cut undid: nothing in it was synced since
     /// it was born, so it is that empty container (its birth header, size 0).
     pub fn probe(file: &File) -> Result<Option<Header>, FormatError> {
+        Self::probe_fd(file.as_fd())
+    }
+
+    /// [`Store::probe`] of a descriptor open for reading.
+    pub fn probe_fd(fd: BorrowedFd<'_>) -> Result<Option<Header>, FormatError> {
         let mut block = vec![0u8; HEADER_BLOCK as usize];
-        let n = lower::pread_full(file, &mut block, 0).map_err(|_| FormatError::BadHeader)?;
+        let n = lower::pread_full_fd(fd, &mut block, 0).map_err(|_| FormatError::BadHeader)?;
         match Header::decode(&block[..n])? {
-            None if n > 0 && block[..n].iter().all(|&b| b == 0) => Ok(Self::birth_header(file)),
+            None if n > 0 && block[..n].iter().all(|&b| b == 0) => Ok(Self::birth_header(fd)),
             found => Ok(found),
         }
     }
 
-    fn birth_header(file: &File) -> Option<Header> {
+    fn birth_header(fd: BorrowedFd<'_>) -> Option<Header> {
         let name = std::ffi::CString::new(BIRTH_HEADER_XATTR).expect("no NUL in the name");
         let mut value = [0u8; BIRTH_HEADER_SIZE + 1];
-        let n = lower::fgetxattr(file, &name, &mut value).ok()?;
+        let n = lower::getxattr_on(lower::XattrOn::Fd(fd), &name, &mut value).ok()?;
         Header::decode_birth(&value[..n])
     }
 

@@ -70,7 +70,8 @@ fn copy_lower(from: &Path, to: &Path) {
     std::fs::copy(from, to).unwrap();
     let name = std::ffi::CString::new(crate::format::BIRTH_HEADER_XATTR).unwrap();
     let mut value = [0u8; 256];
-    if let Ok(n) = crate::core::lower::fgetxattr(&File::open(from).unwrap(), &name, &mut value) {
+    let from = File::open(from).unwrap();
+    if let Ok(n) = crate::core::lower::getxattr_on(crate::core::lower::XattrOn::Fd(std::os::fd::AsFd::as_fd(&from)), &name, &mut value) {
         crate::core::lower::fsetxattr(&open_rw(to), &name, &value[..n], 0).unwrap();
     }
 }

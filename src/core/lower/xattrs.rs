@@ -50,14 +50,6 @@ pub fn fsetxattr(file: &File, name: &CStr, value: &[u8], flags: libc::c_int) -> 
     Ok(())
 }
 
-/// fgetxattr(2) into `buf`: the value's length (ERANGE if `buf` is too small).
-pub fn fgetxattr(file: &File, name: &CStr, buf: &mut [u8]) -> io::Result<usize> {
-    let len = buf.len();
-    // SAFETY: `name` is NUL-terminated; the kernel writes at most `len` bytes into `buf`
-    // (nothing for a null pointer with length 0); `file` owns the descriptor.
-    check_len(unsafe { libc::fgetxattr(file.as_raw_fd(), name.as_ptr(), out_ptr(buf).cast(), len) })
-}
-
 /// removexattr(2).
 pub fn removexattr(path: &CStr, name: &CStr) -> io::Result<()> {
     // SAFETY: both strings are NUL-terminated and outlive the call.
