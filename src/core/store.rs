@@ -214,6 +214,15 @@ impl Store {
         Header::decode_birth(&value[..n])
     }
 
+    /// Drops the lower file's birth header, if it has one.
+    pub(super) fn forget_birth(&self) -> std::io::Result<()> {
+        let name = std::ffi::CString::new(BIRTH_HEADER_XATTR).expect("no NUL in the name");
+        match lower::removexattr_on(lower::XattrOn::Fd(self.lower.as_fd()), &name) {
+            Err(e) if e.raw_os_error() != Some(libc::ENODATA) && e.raw_os_error() != Some(libc::ENOTSUP) => Err(e),
+            _ => Ok(()),
+        }
+    }
+
     /// Records `header` (a new file's first) as the lower file's birth header. False where the
     /// lower file system keeps no user xattrs (or refuses this one): the header must then be
     /// synced before anything else is written.

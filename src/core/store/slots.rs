@@ -166,6 +166,10 @@ impl Store {
     /// file, whatever else of the truncate a power cut keeps or undoes.
     pub fn cut_to_empty(&self, st: &mut StoreState) -> FsResult<()> {
         st.touch();
+        // An empty lower file is an empty plain file: it must not keep a birth header, or the
+        // plain data a writer may give it later (one that opened it as plain) could be taken
+        // for a container a power cut undid. The next birth records it again.
+        self.forget_birth()?;
         self.lower.set_len(0)?;
         st.header_on_disk = false;
         st.announced = false; // the next data brings a new first header, synced first
