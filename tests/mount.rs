@@ -365,6 +365,59 @@ fn a_small_file_takes_a_single_block() {
     assert!(fs::metadata(d.lower.join("small.txt")).unwrap().blocks() <= 16);
 }
 
+/// A rewriting workload that fsyncs after every write (a database, fio --fsync=1) overwrites
+/// the old copies in place: an fsync keeps a rewritten record's old copy allocated for the
+/// record's next copy instead of punching it (a punched slot is allocated again by the next
+/// rewrite: a journal commit on the lower at every fsync). The space comes back within a
+/// writeback tick while the file stays open, and at close.
+#[test]
+fn fsynced_rewrites_reuse_the_old_copies_blocks_and_free_them_later() {
+    let d = Dirs::new();
+    let m = Mount::new(&d.lower, &d.mnt, "compression=off,recordsize=64K");
+    let data = random_bytes(8 << 16, 1);
+    fs::write(m.path("db"), &data).unwrap();
+    let lower = d.lower.join("db");
+    let blocks = || fs::metadata(&lower).unwrap().blocks();
+    let base = blocks();
+    // A record's copy is 128 sectors; the lower's own metadata (ext4's extent tree) may take a
+    // block or two more as the file's extents split.
+    let about = |want: u64| (want..=want + 16).contains(&blocks());
+    let f = OpenOptions::new().write(true).open(m.path("db")).unwrap();
+    let mut expect = data.clone();
+    for (round, record) in [3u64, 3, 5, 3, 5, 3].into_iter().enumerate() {
+        let page = random_bytes(4096, 10 + round as u64);
+        let at = record as usize * (1 << 16) + 8192;
+        f.write_all_at(&page, at as u64).unwrap();
+        expect[at..at + 4096].copy_from_slice(&page);
+        f.sync_all().unwrap();
+        if round == 0 {
+            assert!(
+                about(base + 128),
+                "the rewritten record's old copy stays allocated after the fsync: {} sectors, {base} before",
+                blocks()
+            );
+        }
+    }
+    assert!(
+        about(base + 2 * 128),
+        "two records rewritten 6 times: one extra copy each, reused in place: {} sectors, {base} before",
+        blocks()
+    );
+    // While the file stays open, the writeback tick frees them.
+    common::wait_until("the old copies freed while the file is open", || about(base));
+    f.write_all_at(b"again", 3 << 16).unwrap();
+    expect[3 << 16..(3 << 16) + 5].copy_from_slice(b"again");
+    f.sync_all().unwrap();
+    assert!(about(base + 128), "{} sectors, {base} before", blocks());
+    drop(f);
+    // The kernel sends the release after close returns.
+    common::wait_until("closing frees what an fsync kept", || about(base));
+    m.unmount();
+    let m = Mount::new(&d.lower, &d.mnt, "");
+    assert!(fs::read(m.path("db")).unwrap() == expect, "the file's bytes after a remount");
+    m.unmount();
+}
+
 #[test]
 fn truncating_to_zero_and_writing_again_leaves_no_stale_records() {
     // Regression (found by the differential test): group 0's table lives in block 0, so cutting

@@ -236,7 +236,8 @@ fn landing_fsync_punching_and_recompress_keep_the_users_mtime_and_blksize_stays(
     std::thread::sleep(Duration::from_millis(50));
     f.sync_all().unwrap();
     assert_eq!(times(&path).0, written, "fsync moved mtime");
-    // Rewriting a record leaves an old copy, punched by the next fsync (not a user write).
+    // Rewriting a record leaves an old copy, freed at close or by the writeback tick after an
+    // fsync (not a user write).
     f.write_all_at(b"rewritten", 10).unwrap();
     let rewritten = times(&path).0;
     assert!(rewritten > written);

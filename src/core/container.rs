@@ -290,14 +290,13 @@ impl Container {
             Source::Absent => return Ok(Arc::new(Vec::new())),
             Source::Lower { candidates } => candidates,
         };
-        let label = self.store.label();
         let mut last = None;
         for (i, (slot, d)) in found.iter().enumerate() {
             let req = self.request(record, *slot, d)?;
             match self.engine.decode(&req) {
                 Ok(buf) => {
                     if i > 0 {
-                        warn!(file = %label, record, "newest copy unreadable; serving the previous copy (an interrupted write)");
+                        warn!(file = %self.store.label(), record, "newest copy unreadable; serving the previous copy (an interrupted write)");
                     }
                     let buf = Arc::new(buf);
                     st.buffers.remember_clean(record, &buf);
@@ -307,6 +306,7 @@ impl Container {
             }
         }
         let (slot, e) = last.expect("BUG: candidates were not empty");
+        let label = self.store.label();
         error!(file = %label, record, slot, "record unreadable: {e}");
         Err(FsError::corrupt(format!("{label}: record {record}: {e}")))
     }

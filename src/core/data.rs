@@ -228,7 +228,7 @@ impl DenseFs {
 
     pub fn fsync(&self, fh: u64, datasync: bool) -> FsResult<()> {
         match self.file_content(fh)? {
-            Content::Container(c) => c.sync(datasync),
+            Content::Container(c) => c.fsync(datasync),
             Content::Plain(file) => Ok(if datasync { lower::fdatasync(&file) } else { lower::fsync(&file) }?),
         }
     }

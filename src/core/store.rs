@@ -65,6 +65,11 @@ pub struct StoreState {
     heal_complete: bool,
     /// Records whose other slot still holds an older copy, freed after the next sync.
     stale: BTreeSet<u64>,
+    /// Records whose older copy a user's fsync found durable-superseded and left in place: the
+    /// record's next copy overwrites those allocated blocks, where a punched slot would have to
+    /// be allocated again (a journal commit on the lower at every fsync of a rewriting
+    /// workload). Freed by the next writeback tick, or at close.
+    kept_for_reuse: BTreeSet<u64>,
     /// Slots a truncate cleared, punched after the next sync: punching them at once could reach
     /// the disk before the cleared descriptor does, and a power cut would then leave a
     /// descriptor pointing at a hole with an older copy behind it served in its place.
@@ -116,7 +121,12 @@ impl StoreState {
 
     /// Whether closing needs a sync to free old copies.
     pub fn has_stale(&self) -> bool {
-        !self.stale.is_empty() || !self.deferred_punch.is_empty()
+        !self.stale.is_empty() || !self.deferred_punch.is_empty() || !self.kept_for_reuse.is_empty()
+    }
+
+    /// Old copies an fsync kept for reuse wait to be freed.
+    pub fn keeps_old_copies(&self) -> bool {
+        !self.kept_for_reuse.is_empty()
     }
 
     /// An empty file whose header is on the lower (truncated to nothing by this run).
@@ -259,6 +269,7 @@ impl Store {
             unpersisted: HashSet::new(),
             heal_complete: false,
             stale: BTreeSet::new(),
+            kept_for_reuse: BTreeSet::new(),
             deferred_punch: BTreeSet::new(),
             wrote: false,
             checked_size: 0,

@@ -63,6 +63,10 @@ impl Container {
     /// Background writeback (every few seconds): starts compressing every dirty record without
     /// waiting, and records the size once nothing is in flight, so a crash loses little.
     pub fn writeback(self: &Arc<Self>) -> FsResult<()> {
+        if self.state.lock().store.keeps_old_copies() {
+            let _io = self.slot_io.write();
+            self.store.free_kept(&mut self.state.lock().store)?;
+        }
         let jobs = {
             let mut st = self.state.lock();
             if st.buffers.all_landed() {
@@ -76,9 +80,21 @@ impl Container {
         Ok(())
     }
 
-    /// fsync: everything written so far is on stable storage when this returns. Then the older
-    /// copies of rewritten records are no longer needed and their space is freed.
+    /// Everything written so far is on stable storage when this returns. Then the older copies
+    /// of rewritten records are no longer needed and their space is freed.
     pub fn sync(self: &Arc<Self>, datasync: bool) -> FsResult<()> {
+        self.sync_and_reclaim(datasync, false)
+    }
+
+    /// A user's fsync on an open file: as `sync`, but the older copies stay allocated for the
+    /// records' next copies (a rewriting workload fsyncs again and again; each punched slot
+    /// would be allocated again, a journal commit on the lower each time). The writeback tick
+    /// or the close frees them.
+    pub fn fsync(self: &Arc<Self>, datasync: bool) -> FsResult<()> {
+        self.sync_and_reclaim(datasync, true)
+    }
+
+    fn sync_and_reclaim(self: &Arc<Self>, datasync: bool, keep_for_reuse: bool) -> FsResult<()> {
         self.flush()?;
         if !self.state.lock().store.wrote() {
             // This run wrote nothing (a reader's fsync): no epoch to close, no header to write.
@@ -106,7 +122,7 @@ impl Container {
         self.store.sync_lower(true)?;
         let reclaimed = {
             let _io = self.slot_io.write();
-            self.store.reclaim(&mut self.state.lock().store, was_stale)
+            self.store.reclaim(&mut self.state.lock().store, was_stale, keep_for_reuse)
         };
         self.store.restore_mtime(&mut self.state.lock().store);
         reclaimed

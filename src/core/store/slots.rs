@@ -102,10 +102,12 @@ impl Store {
         Ok(())
     }
 
-    /// Frees the non-current slot of each record (their current copy is durable), and the
-    /// slots truncates cleared (their cleared descriptors are durable now).
+    /// After a sync: punches the slots truncates cleared (their cleared descriptors are durable
+    /// now), and frees the non-current slot of each record whose current copy is durable.
+    /// `keep_for_reuse` (a user's fsync on a file that stays open): those old copies stay in
+    /// place for the records' next copies to overwrite, and are freed by `free_kept` later.
     /// Caller holds `slot_io` exclusively.
-    pub fn reclaim(&self, st: &mut StoreState, records: BTreeSet<u64>) -> FsResult<()> {
+    pub fn reclaim(&self, st: &mut StoreState, records: BTreeSet<u64>, keep_for_reuse: bool) -> FsResult<()> {
         let rs = self.layout.record_size();
         for (record, slot) in std::mem::take(&mut st.deferred_punch) {
             // Skip a slot written again since (its descriptor is set again).
@@ -114,6 +116,25 @@ impl Store {
                 lower::punch_hole(&self.lower, self.layout.record_to_slot_off(record, slot), rs)?;
             }
         }
+        if keep_for_reuse {
+            st.kept_for_reuse.extend(records);
+            return Ok(());
+        }
+        let kept = std::mem::take(&mut st.kept_for_reuse);
+        self.free_old_copies(st, records.into_iter().chain(kept).collect())
+    }
+
+    /// Frees the old copies an fsync kept for reuse (the writeback tick: their records were not
+    /// rewritten since, or were and will be again). Caller holds `slot_io` exclusively.
+    pub fn free_kept(&self, st: &mut StoreState) -> FsResult<()> {
+        let kept = std::mem::take(&mut st.kept_for_reuse);
+        self.free_old_copies(st, kept)
+    }
+
+    /// Frees the non-current slot of each record whose current copy is durable; the others wait
+    /// for the next sync.
+    fn free_old_copies(&self, st: &mut StoreState, records: BTreeSet<u64>) -> FsResult<()> {
+        let rs = self.layout.record_size();
         let limit = self.layout.plain_size_to_records(st.size);
         for record in records {
             if record >= limit {
@@ -141,6 +162,7 @@ impl Store {
     /// with their tables. Caller holds `slot_io` exclusively.
     pub fn discard_from(&self, st: &mut StoreState, first: u64) -> FsResult<()> {
         st.stale = st.stale.range(..first).copied().collect();
+        st.kept_for_reuse = st.kept_for_reuse.range(..first).copied().collect();
         let clear_end = if first > 0 && first % GROUP_RECORDS == 0 { first } else { (first / GROUP_RECORDS + 1) * GROUP_RECORDS };
         for record in first..clear_end {
             let pair = self.pair(st, record)?;
@@ -178,6 +200,7 @@ impl Store {
         st.tables.clear();
         st.unpersisted.clear();
         st.stale.clear();
+        st.kept_for_reuse.clear();
         st.deferred_punch.clear();
         st.heal_complete = true;
         st.know_group_0_empty();
