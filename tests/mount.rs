@@ -418,6 +418,25 @@ fn fsynced_rewrites_reuse_the_old_copies_blocks_and_free_them_later() {
     m.unmount();
 }
 
+/// A reader's close lands nothing, so the kernel is told not to send its FLUSH (one round trip
+/// to the daemon less per file read); a writer's close still flushes, and reports errors there.
+#[test]
+fn a_readers_close_sends_no_flush_and_a_writers_does() {
+    let d = Dirs::new();
+    let m = Mount::with_env(&d.lower, &d.mnt, "", &[("DENSEFS_LOG", "fuser=debug")]);
+    let flushes = |m: &Mount| m.log_text().lines().filter(|l| l.contains(" FLUSH ")).count();
+    for i in 0..5 {
+        fs::write(m.path(&format!("f{i}")), compressible(10_000, i)).unwrap();
+    }
+    let after_writes = flushes(&m);
+    assert!(after_writes >= 5, "every writer's close flushes ({after_writes} FLUSH requests for 5 files)");
+    for i in 0..5 {
+        assert_eq!(fs::read(m.path(&format!("f{i}"))).unwrap(), compressible(10_000, i));
+    }
+    assert_eq!(flushes(&m), after_writes, "reading 5 files sent FLUSH requests");
+    m.unmount();
+}
+
 #[test]
 fn truncating_to_zero_and_writing_again_leaves_no_stale_records() {
     // Regression (found by the differential test): group 0's table lives in block 0, so cutting

@@ -215,9 +215,9 @@ impl DenseFs {
         }
     }
 
-    /// close(2) of one descriptor: everything written reaches the lower file (errors show here).
-    /// close(2) of one handle: lands what is in memory. A reader's close has nothing of its own
-    /// to land, and must neither wait for writers' data nor take their write-back error.
+    /// close(2) of one handle: lands what is in memory (errors show here). A reader's close has
+    /// nothing of its own to land, and must neither wait for writers' data nor take their
+    /// write-back error (the FUSE adapter asks the kernel not to send it at all).
     pub fn flush(&self, fh: u64) -> FsResult<()> {
         let handle = self.handle(fh)?;
         match &*handle {
