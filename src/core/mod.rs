@@ -124,8 +124,9 @@ pub struct Statfs {
 enum Handle {
     /// `writable`: opened for writing; only those handles hear of write-back errors at close.
     File { inode: Arc<Inode>, content: Content, writable: bool },
-    /// A directory (`nodeid`) and the snapshot of its entries taken at opendir.
-    Dir { nodeid: u64, entries: Arc<Vec<DirEntry>> },
+    /// A directory (`nodeid`) and the snapshot of its entries taken at opendir; READDIRPLUS's
+    /// header reads started ahead of the entries it has reached.
+    Dir { nodeid: u64, entries: Arc<Vec<DirEntry>>, headers_ahead: Mutex<namespace::HeadersAhead> },
 }
 
 /// A report kept between a size probe and the read that follows: (node, name, when, JSON).

@@ -3,8 +3,10 @@
 use super::inodes::Node;
 use super::lower::{self, cstr};
 use super::{Attr, Caller, DenseFs, DirEntry, FsError, FsResult, Handle, Kind};
+use crate::format::layout::HEADER_BLOCK;
+use std::collections::HashMap;
 use std::ffi::OsStr;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -18,6 +20,17 @@ fn hidden(name: &OsStr, errno: i32) -> FsResult<()> {
     }
 }
 
+/// How many directory entries ahead of the one READDIRPLUS is at have their headers read.
+const HEADERS_AHEAD: usize = 32;
+
+/// READDIRPLUS's read-ahead of headers: the entries up to `until` were started; `opened` holds
+/// the descriptors (by entry index) not yet taken by their lookup.
+#[derive(Default)]
+pub struct HeadersAhead {
+    until: usize,
+    opened: HashMap<usize, OwnedFd>,
+}
+
 impl DenseFs {
     /// Looks a name up and registers the kernel's reference to it.
     /// "." and ".." come from the kernel resolving file handles (NFS export): the node itself,
@@ -27,7 +40,7 @@ impl DenseFs {
         let inode = match name.as_bytes() {
             b"." => self.inodes.lookup_self(parent)?,
             b".." => self.inodes.lookup_parent(parent)?,
-            _ => return self.lookup_child(parent, &self.inode(parent)?, name, None),
+            _ => return self.lookup_child(parent, &self.inode(parent)?, name, None, None),
         };
         match self.inode(inode.nodeid).and_then(|node| self.attr_of(&node)) {
             Ok(attr) => Ok(attr),
@@ -43,7 +56,8 @@ impl DenseFs {
     /// time its entry expires). `listed`: what readdir said of it, (inode number, is a regular
     /// file): an inode the table does not hold is then opened at once, and a regular file for
     /// reading, so that one descriptor serves as its handle and to read its header.
-    fn lookup_child(&self, parent: u64, dir: &Node, name: &OsStr, listed: Option<(u64, bool)>) -> FsResult<Attr> {
+    /// `opened`: that regular file, already opened for reading (its header read started).
+    fn lookup_child(&self, parent: u64, dir: &Node, name: &OsStr, listed: Option<(u64, bool)>, opened: Option<OwnedFd>) -> FsResult<Attr> {
         let dev = dir.lower_id().0;
         let surely_regular = match listed {
             Some((ino, regular)) if self.inodes.find(dev, ino).is_none() => regular,
@@ -61,7 +75,11 @@ impl DenseFs {
                 st.st_mode & libc::S_IFMT == libc::S_IFREG
             }
         };
-        let readable = if surely_regular { lower::open_readable(dir.raw_fd(), name).ok() } else { None };
+        let readable = match opened {
+            Some(fd) => Some(fd),
+            None if surely_regular => lower::open_readable(dir.raw_fd(), name).ok(),
+            None => None,
+        };
         let (fd, st, readable) = match readable.map(|fd| lower::stat_fd(fd.as_raw_fd()).map(|st| (fd, st))).transpose()? {
             // Replaced by something else since the listing: a directory open for reading is
             // harmless, anything else (a FIFO, a device) is let go at once and opened as O_PATH.
@@ -212,7 +230,7 @@ impl DenseFs {
             entries.push(DirEntry { ino, kind, name, surely_regular });
         }
         drop(stream); // closedir
-        Ok(self.new_handle(Handle::Dir { nodeid, entries: Arc::new(entries) }))
+        Ok(self.new_handle(Handle::Dir { nodeid, entries: Arc::new(entries), headers_ahead: Default::default() }))
     }
 
     /// Entries from `offset` on, each with the offset of the next one.
@@ -234,12 +252,14 @@ impl DenseFs {
     /// again. An entry gone since opendir is left out.
     pub fn readdirplus(&self, fh: u64, offset: u64, mut emit: impl FnMut(u64, &DirEntry, &Attr) -> bool) -> FsResult<()> {
         let handle = self.handle(fh)?;
-        let Handle::Dir { nodeid, entries } = &*handle else { return Err(FsError::errno(libc::ENOTDIR)) };
+        let Handle::Dir { nodeid, entries, headers_ahead } = &*handle else { return Err(FsError::errno(libc::ENOTDIR)) };
         let dir = self.inode(*nodeid)?;
         let mut dir_attr = None;
         let mut emitted = false;
+        let mut headers_ahead = headers_ahead.lock();
         for (i, entry) in entries.iter().enumerate().skip(offset as usize) {
             let next = i as u64 + 1;
+            self.read_headers_ahead(&dir, entries, &mut headers_ahead, i);
             if entry.name == "." || entry.name == ".." {
                 // Not linked by the kernel: no lookup. Both carry the directory's own number
                 // (as in readdir), so its attributes.
@@ -253,7 +273,8 @@ impl DenseFs {
                 emitted = true;
                 continue;
             }
-            let attr = match self.lookup_child(*nodeid, &dir, &entry.name, Some((entry.ino, entry.surely_regular))) {
+            let opened = headers_ahead.opened.remove(&i);
+            let attr = match self.lookup_child(*nodeid, &dir, &entry.name, Some((entry.ino, entry.surely_regular)), opened) {
                 Ok(attr) => attr,
                 Err(e) if matches!(e.errno, libc::ENOENT | libc::ESTALE) => continue,
                 // The kernel asks again from the entry that failed.
@@ -270,6 +291,27 @@ impl DenseFs {
             emitted = true;
         }
         Ok(())
+    }
+
+    /// Opens the regular files among the next `HEADERS_AHEAD` entries from `at` that no inode
+    /// holds yet, and starts reading their header blocks without waiting: a cold `ls -l` waits
+    /// for one header read per file, and these are in flight together instead of one by one.
+    fn read_headers_ahead(&self, dir: &Node, entries: &[DirEntry], ahead: &mut HeadersAhead, at: usize) {
+        let dev = dir.lower_id().0;
+        let from = ahead.until.max(at);
+        let until = (at + HEADERS_AHEAD).min(entries.len());
+        for (i, entry) in entries.iter().enumerate().take(until).skip(from) {
+            if !entry.surely_regular || self.inodes.find(dev, entry.ino).is_some() {
+                continue;
+            }
+            if let Ok(fd) = lower::open_readable(dir.raw_fd(), &entry.name) {
+                let _ = lower::will_need(&fd, 0, HEADER_BLOCK);
+                ahead.opened.insert(i, fd);
+            }
+        }
+        ahead.until = ahead.until.max(until);
+        // Entries the kernel skipped (it asks from an offset) close their descriptors.
+        ahead.opened.retain(|&i, _| i >= at);
     }
 
     pub fn release_handle(&self, fh: u64) {

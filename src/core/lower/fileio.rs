@@ -3,21 +3,21 @@
 use crate::core::error::check;
 use std::fs::File;
 use std::io;
-use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd};
 use std::os::unix::fs::FileExt;
 
-/// Reads until `buf` is full or the file ends: the bytes read.
 /// Asks the lower file system to start reading a range into its page cache (read-ahead); it
 /// returns without waiting for the I/O.
-pub fn will_need(file: &File, offset: u64, len: u64) -> io::Result<()> {
+pub fn will_need(file: impl AsFd, offset: u64, len: u64) -> io::Result<()> {
     // SAFETY: posix_fadvise only reads its integer arguments; the fd is open for the call.
-    let r = unsafe { libc::posix_fadvise(file.as_raw_fd(), offset as libc::off_t, len as libc::off_t, libc::POSIX_FADV_WILLNEED) };
+    let r = unsafe { libc::posix_fadvise(file.as_fd().as_raw_fd(), offset as libc::off_t, len as libc::off_t, libc::POSIX_FADV_WILLNEED) };
     match r {
         0 => Ok(()),
         e => Err(io::Error::from_raw_os_error(e)),
     }
 }
 
+/// Reads until `buf` is full or the file ends: the bytes read.
 pub fn pread_full(file: &File, buf: &mut [u8], offset: u64) -> io::Result<usize> {
     let mut done = 0;
     while done < buf.len() {
