@@ -74,6 +74,9 @@ fn timespec(t: Option<SetTime>) -> libc::timespec {
     }
 }
 
+/// How much of a lower file's start a reader's open reads ahead: the header and first records.
+const READER_START: u64 = 128 * 1024;
+
 impl DenseFs {
     /// Builds the shared content of a regular file: a container, or the plain lower file.
     /// An empty lower file opened for writing becomes a container (it has nothing to preserve).
@@ -83,7 +86,13 @@ impl DenseFs {
         let file = match created {
             Some(file) => file,
             None if writable => lower::reopen(inode.raw_fd(), libc::O_RDWR)?,
-            None => lower::reopen_read(inode.raw_fd(), self.options.noatime)?,
+            None => {
+                let file = lower::reopen_read(inode.raw_fd(), self.options.noatime)?;
+                // A reader reads the header, then the first records: one read of the lower
+                // file's start brings both (a small file whole), where two would wait in turn.
+                let _ = lower::will_need(&file, 0, READER_START);
+                file
+            }
         };
         // The properties of the directory the file is in decide how it is written.
         let settings = self.settings_in(self.inodes.parent_of(inode.nodeid).unwrap_or(super::ROOT));
