@@ -125,6 +125,23 @@ enum Source {
     Lower { candidates: Vec<(usize, Descriptor)> },
 }
 
+/// Bytes a read returns: its own, or a range of one record's cached contents (no copy).
+pub enum ReadBytes {
+    Owned(Vec<u8>),
+    Shared(Arc<Vec<u8>>, std::ops::Range<usize>),
+}
+
+impl std::ops::Deref for ReadBytes {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        match self {
+            ReadBytes::Owned(bytes) => bytes,
+            ReadBytes::Shared(record, range) => &record[range.clone()],
+        }
+    }
+}
+
 impl Container {
     /// Reads the header block of a lower file: `None` if it is a plain file.
     pub fn probe(file: &File) -> Result<Option<Header>, crate::format::FormatError> {
@@ -373,26 +390,32 @@ impl Container {
         }
     }
 
-    pub fn read(&self, offset: u64, len: usize) -> FsResult<Vec<u8>> {
+    pub fn read(&self, offset: u64, len: usize) -> FsResult<ReadBytes> {
         let size = self.size();
         if offset >= size {
-            return Ok(Vec::new());
+            return Ok(ReadBytes::Owned(Vec::new()));
         }
         let len = (len as u64).min(size - offset);
         let pieces: Vec<_> = self.layout().split(offset, len).collect();
         let records: Vec<u64> = pieces.iter().map(|p| p.record).collect();
         self.read_ahead(records[0], records[records.len() - 1], self.layout().plain_size_to_records(size));
         let contents = self.fetch(&records)?;
-        let mut out = vec![0u8; len as usize];
-        let mut at = 0;
+        // The kernel reads whole records of a file read in order: hand the record over as it is.
+        if let ([piece], [buf]) = (pieces.as_slice(), contents.as_slice()) {
+            if buf.len() >= piece.skip + piece.len {
+                return Ok(ReadBytes::Shared(Arc::clone(buf), piece.skip..piece.skip + piece.len));
+            }
+        }
+        let mut out = Vec::with_capacity(len as usize);
         for (piece, buf) in pieces.iter().zip(contents) {
             let have = buf.len().saturating_sub(piece.skip).min(piece.len);
             if have > 0 {
-                out[at..at + have].copy_from_slice(&buf[piece.skip..piece.skip + have]);
+                out.extend_from_slice(&buf[piece.skip..piece.skip + have]);
             }
-            at += piece.len;
+            // Past a record's end (a hole, or a record shorter than the file's size says): zeros.
+            out.resize(out.len() + piece.len - have, 0);
         }
-        Ok(out)
+        Ok(ReadBytes::Owned(out))
     }
 
     // ---- writing -----------------------------------------------------------------------

@@ -1,7 +1,7 @@
 //! Regular-file data: open/create, read, write, flush, fsync, release, truncate, fallocate,
 //! SEEK_DATA/SEEK_HOLE, and attribute changes that touch contents (size, times).
 
-use super::container::Container;
+use super::container::{Container, ReadBytes};
 use super::inodes::{Content, Node};
 use super::lower::{self, cstr};
 use super::{Attr, Caller, DenseFs, FsError, FsResult, Handle};
@@ -191,14 +191,14 @@ impl DenseFs {
         }
     }
 
-    pub fn read(&self, fh: u64, offset: u64, size: u32) -> FsResult<Vec<u8>> {
+    pub fn read(&self, fh: u64, offset: u64, size: u32) -> FsResult<ReadBytes> {
         match self.file_content(fh)? {
             Content::Container(c) => c.read(offset, size as usize),
             Content::Plain(file) => {
                 let mut buf = vec![0u8; size as usize];
                 let n = lower::pread_full(&file, &mut buf, offset)?;
                 buf.truncate(n);
-                Ok(buf)
+                Ok(ReadBytes::Owned(buf))
             }
         }
     }

@@ -82,7 +82,7 @@ impl DenseFs {
             let mut at = 0;
             while at < size {
                 let chunk = match &content {
-                    Content::Container(c) => c.read(at, COPY_CHUNK)?,
+                    Content::Container(c) => c.read(at, COPY_CHUNK)?.to_vec(),
                     Content::Plain(f) => {
                         let mut buf = vec![0u8; COPY_CHUNK.min((size - at) as usize)];
                         let n = lower::pread_full(f, &mut buf, at)?;

@@ -148,7 +148,7 @@ impl Harness {
     }
 
     fn read_all(&self) -> Vec<u8> {
-        self.container.read(0, self.container.size() as usize).unwrap()
+        self.container.read(0, self.container.size() as usize).unwrap().to_vec()
     }
 }
 
@@ -211,7 +211,7 @@ fn run_seed(name: &str, seed: u64) {
                 let off = rng.below(model.len() as u64 + 10) as usize;
                 let len = rng.below(3 * record_size) as usize;
                 log.push(format!("read {off} +{len}"));
-                let got = h.container.read(off as u64, len).unwrap_or_else(|e| fail(&log, format!("read: {e}")));
+                let got = h.container.read(off as u64, len).unwrap_or_else(|e| fail(&log, format!("read: {e}"))).to_vec();
                 let want = if off >= model.len() { Vec::new() } else { model[off..(off + len).min(model.len())].to_vec() };
                 if got != want {
                     fail(&log, format!("read {off} +{len} differs from the model"));
@@ -338,7 +338,7 @@ fn every_power_cut(h: &Harness, written: &dyn Fn(u64) -> Vec<u8>) {
                 .unwrap_or_else(|_| panic!("{what}: the file does not reopen as a container")),
         );
         for record in 0..h.container.layout().plain_size_to_records(container.size()) {
-            match container.read(record * rs, rs as usize) {
+            match container.read(record * rs, rs as usize).map(|got| got.to_vec()) {
                 Ok(got) => {
                     let want = written(record);
                     assert!(
@@ -355,7 +355,7 @@ fn every_power_cut(h: &Harness, written: &dyn Fn(u64) -> Vec<u8>) {
         container.flush().unwrap();
         drop(container);
         let again = h.open_at(&copy);
-        assert_eq!(again.read(0, fresh.len()).unwrap(), fresh, "{what}: new data after the cut");
+        assert_eq!(again.read(0, fresh.len()).unwrap().to_vec(), fresh, "{what}: new data after the cut");
         drop(again);
         std::fs::remove_file(&copy).unwrap();
     }
