@@ -126,14 +126,26 @@ fn other_name(file: u32, name: &str) -> String {
     }
 }
 
-fn writer(mnt: std::path::PathBuf, seed: u64, journal: Arc<Mutex<Journal>>, stop: Arc<AtomicBool>) {
+/// The mount's root directory, opened while it is mounted: the writer reaches its files through
+/// it (`/proc/self/fd/N/name`), never by the mount point's path. Once the kill has detached the
+/// mount, that path is the empty directory below it, where a writer starting late (or renaming)
+/// would create and fsync plain files the next mount hides, and the journal would vouch for them.
+fn mount_root(mnt: &std::path::Path) -> File {
+    File::open(mnt).unwrap()
+}
+
+fn writer(root: File, seed: u64, journal: Arc<Mutex<Journal>>, stop: Arc<AtomicBool>) {
+    use std::os::fd::AsRawFd;
+    let mnt = std::path::PathBuf::from(format!("/proc/self/fd/{}", root.as_raw_fd()));
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-    let files: Vec<File> = (0..FILES)
-        .map(|i| {
-            let name = journal.lock().unwrap().name(i);
-            OpenOptions::new().read(true).write(true).create(true).truncate(false).open(mnt.join(name)).unwrap()
-        })
-        .collect();
+    let mut files: Vec<File> = Vec::new();
+    for i in 0..FILES {
+        let name = journal.lock().unwrap().name(i);
+        match OpenOptions::new().read(true).write(true).create(true).truncate(false).open(mnt.join(name)) {
+            Ok(f) => files.push(f),
+            Err(_) => return, // killed before the writer started
+        }
+    }
     // Versions keep counting up across rounds, so an old copy is never mistaken for a new one.
     let mut next_version: HashMap<(u32, u32), u32> = journal.lock().unwrap().written.clone();
     // Writes acknowledged before the crash but never synced may be gone: an fsync in this run
@@ -367,8 +379,8 @@ fn sigkill_during_writes_never_loses_fsynced_data_or_returns_garbage() {
         }
         let stop = Arc::new(AtomicBool::new(false));
         let handle = {
-            let (mnt, journal, stop, seed) = (d.mnt.clone(), journal.clone(), stop.clone(), rng.gen());
-            std::thread::spawn(move || writer(mnt, seed, journal, stop))
+            let (root, journal, stop, seed) = (mount_root(&d.mnt), journal.clone(), stop.clone(), rng.gen());
+            std::thread::spawn(move || writer(root, seed, journal, stop))
         };
         std::thread::sleep(Duration::from_millis(rng.gen_range(30..400)));
         m.kill();
@@ -594,8 +606,8 @@ fn a_power_cut_never_loses_fsynced_data_or_returns_garbage() {
         }
         let stop = Arc::new(AtomicBool::new(false));
         let handle = {
-            let (mnt, journal, stop, seed) = (d.mnt.clone(), journal.clone(), stop.clone(), rng.gen());
-            std::thread::spawn(move || writer(mnt, seed, journal, stop))
+            let (root, journal, stop, seed) = (mount_root(&d.mnt), journal.clone(), stop.clone(), rng.gen());
+            std::thread::spawn(move || writer(root, seed, journal, stop))
         };
         std::thread::sleep(Duration::from_millis(rng.gen_range(50..400)));
         m.kill();
