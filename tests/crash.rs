@@ -58,11 +58,30 @@ struct Journal {
     /// Each file's current name, and a rename (file, other name) the crash may have swallowed.
     names: HashMap<u32, String>,
     renaming: Option<(u32, String)>,
+    /// The last operations per file (round, what), for failure messages.
+    history: HashMap<u32, std::collections::VecDeque<String>>,
+    /// The round the writer is in (for `history`).
+    round: usize,
 }
 
 impl Journal {
     fn name(&self, file: u32) -> String {
         self.names.get(&file).cloned().unwrap_or(format!("f{file}"))
+    }
+
+    /// Notes an operation on `file` for failure messages (the last few per file).
+    fn note(&mut self, file: u32, what: String) {
+        let round = self.round;
+        let h = self.history.entry(file).or_default();
+        if h.len() >= 60 {
+            h.pop_front();
+        }
+        h.push_back(format!("r{round} {what}"));
+    }
+
+    /// The recent operations on `file`, one a line.
+    fn history_of(&self, file: u32) -> String {
+        self.history.get(&file).map(|h| h.iter().map(|l| format!("  {l}\n")).collect()).unwrap_or_default()
     }
 
     /// A completed truncate of `file` to record `cut`: what it removed never comes back, and no
@@ -82,15 +101,18 @@ impl Journal {
     fn settle(&mut self, mnt: &std::path::Path) {
         if let Some((file, to)) = self.renaming.take() {
             if !mnt.join(self.name(file)).exists() && mnt.join(&to).exists() {
+                self.note(file, format!("settle rename: it happened ({to})"));
                 self.names.insert(file, to);
             }
         }
         if let Some((file, cut)) = self.truncating.take() {
             let Ok(f) = OpenOptions::new().write(true).open(mnt.join(self.name(file))) else { return };
             let end = (cut as usize * RECORD) as u64;
-            if f.metadata().unwrap().len() > end {
+            let len = f.metadata().unwrap().len();
+            if len > end {
                 f.set_len(end).unwrap();
             }
+            self.note(file, format!("settle truncate to record {cut}: size was {len}"));
             self.cut(file, cut);
         }
     }
@@ -104,14 +126,26 @@ fn other_name(file: u32, name: &str) -> String {
     }
 }
 
-fn writer(mnt: std::path::PathBuf, seed: u64, journal: Arc<Mutex<Journal>>, stop: Arc<AtomicBool>) {
+/// The mount's root directory, opened while it is mounted: the writer reaches its files through
+/// it (`/proc/self/fd/N/name`), never by the mount point's path. Once the kill has detached the
+/// mount, that path is the empty directory below it, where a writer starting late (or renaming)
+/// would create and fsync plain files the next mount hides, and the journal would vouch for them.
+fn mount_root(mnt: &std::path::Path) -> File {
+    File::open(mnt).unwrap()
+}
+
+fn writer(root: File, seed: u64, journal: Arc<Mutex<Journal>>, stop: Arc<AtomicBool>) {
+    use std::os::fd::AsRawFd;
+    let mnt = std::path::PathBuf::from(format!("/proc/self/fd/{}", root.as_raw_fd()));
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-    let files: Vec<File> = (0..FILES)
-        .map(|i| {
-            let name = journal.lock().unwrap().name(i);
-            OpenOptions::new().read(true).write(true).create(true).truncate(false).open(mnt.join(name)).unwrap()
-        })
-        .collect();
+    let mut files: Vec<File> = Vec::new();
+    for i in 0..FILES {
+        let name = journal.lock().unwrap().name(i);
+        match OpenOptions::new().read(true).write(true).create(true).truncate(false).open(mnt.join(name)) {
+            Ok(f) => files.push(f),
+            Err(_) => return, // killed before the writer started
+        }
+    }
     // Versions keep counting up across rounds, so an old copy is never mistaken for a new one.
     let mut next_version: HashMap<(u32, u32), u32> = journal.lock().unwrap().written.clone();
     // Writes acknowledged before the crash but never synced may be gone: an fsync in this run
@@ -129,20 +163,31 @@ fn writer(mnt: std::path::PathBuf, seed: u64, journal: Arc<Mutex<Journal>>, stop
         let v = next_version.entry((file, record)).or_insert(0);
         *v += 1;
         let version = *v;
-        journal.lock().unwrap().written.insert((file, record), version);
+        {
+            let mut j = journal.lock().unwrap();
+            j.written.insert((file, record), version);
+            j.note(file, format!("write record {record} v{version}"));
+        }
         if files[file as usize].write_all_at(&version_bytes(file, record, version), (record as usize * RECORD) as u64).is_err() {
+            journal.lock().unwrap().note(file, format!("write record {record} v{version} failed"));
             return; // the daemon is gone
         }
         journal.lock().unwrap().acked.insert((file, record), version);
         if rng.gen_ratio(1, 25) {
             // Truncate to a record boundary: records from `cut` on are gone.
             let cut = rng.gen_range(0..RECORDS);
-            journal.lock().unwrap().truncating = Some((file, cut));
+            {
+                let mut j = journal.lock().unwrap();
+                j.truncating = Some((file, cut));
+                j.note(file, format!("truncate to record {cut}"));
+            }
             if files[file as usize].set_len((cut as usize * RECORD) as u64).is_err() {
+                journal.lock().unwrap().note(file, format!("truncate to record {cut} failed"));
                 return;
             }
             let mut j = journal.lock().unwrap();
             j.truncating = None;
+            j.note(file, format!("truncate to record {cut} done"));
             j.cut(file, cut);
         }
         if rng.gen_ratio(1, 30) {
@@ -153,10 +198,13 @@ fn writer(mnt: std::path::PathBuf, seed: u64, journal: Arc<Mutex<Journal>>, stop
                 j.renaming = Some((file, to.clone()));
                 (from, to)
             };
+            journal.lock().unwrap().note(file, format!("rename {from} -> {to}"));
             if std::fs::rename(mnt.join(&from), mnt.join(&to)).is_err() {
+                journal.lock().unwrap().note(file, format!("rename {from} -> {to} failed"));
                 return;
             }
             let mut j = journal.lock().unwrap();
+            j.note(file, format!("rename {from} -> {to} done"));
             j.renaming = None;
             j.names.insert(file, to);
         }
@@ -166,11 +214,14 @@ fn writer(mnt: std::path::PathBuf, seed: u64, journal: Arc<Mutex<Journal>>, stop
                 // Records truncated away since their last write are zeros now, not that version.
                 j.acked.iter().filter(|(k, v)| k.0 == file && **v >= j.floor.get(k).copied().unwrap_or(0)).map(|(k, v)| (*k, *v)).collect()
             };
+            journal.lock().unwrap().note(file, "fsync".into());
             let ok = if rng.gen_bool(0.5) { files[file as usize].sync_all() } else { files[file as usize].sync_data() };
             if ok.is_err() {
+                journal.lock().unwrap().note(file, "fsync failed".into());
                 return;
             }
             let mut j = journal.lock().unwrap();
+            j.note(file, "fsync done".into());
             for (k, v) in before {
                 j.synced.insert(k, v);
             }
@@ -188,6 +239,49 @@ static LAST_CUT: Mutex<Vec<CutReport>> = Mutex::new(Vec::new());
 
 /// Records written since their last fsync that a power cut left unreadable (EIO, not garbage).
 static TORN_UNSYNCED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// A lower container file as the failure messages show it: its length, both header copies, and
+/// every non-empty descriptor of group 0 (which holds the test's records at any record size).
+fn lower_dump(lower: &std::path::Path) -> String {
+    let raw = std::fs::read(lower).unwrap_or_default();
+    let u32_at = |o: usize| u32::from_le_bytes(raw[o..o + 4].try_into().unwrap());
+    let u64_at = |o: usize| u64::from_le_bytes(raw[o..o + 8].try_into().unwrap());
+    let mut out = format!(" lower {}: {} bytes\n", lower.display(), raw.len());
+    if raw.len() < 4096 {
+        return out;
+    }
+    for at in [0, 64] {
+        if &raw[at..at + 8] == b"DENSEFS\0" {
+            out += &format!(
+                "  header @{at}: record shift {} size {} seq {} durable_below {} heal_from {}\n",
+                raw[at + 10],
+                u64_at(at + 16),
+                u64_at(at + 24),
+                u64_at(at + 32),
+                u64_at(at + 40)
+            );
+        }
+    }
+    for entry in 0..32 {
+        for slot in 0..2 {
+            let o = 2048 + entry * 64 + slot * 32;
+            if raw[o..o + 32].iter().all(|&b| b == 0) {
+                continue;
+            }
+            let epoch = u64::from(u32_at(o + 24)) | (u64::from(raw[o + 15]) << 32);
+            out += &format!(
+                "  record {entry} slot {slot}: gen {} stored {} logical {} codec {} flags {} epoch {epoch} sum {:x}\n",
+                u32_at(o),
+                u32_at(o + 4),
+                u32_at(o + 8),
+                raw[o + 12],
+                raw[o + 14],
+                u64_at(o + 16)
+            );
+        }
+    }
+    out
+}
 
 /// `power_cut`: unsynced writes may have been undone, so only truncates made durable by an
 /// fsync are sure to have removed what they cut.
@@ -241,34 +335,22 @@ fn check_after_crash(m: &Mount, journal: &Journal, round: usize, power_cut: bool
             let written = journal.written.get(&(file, record)).copied().unwrap_or(0);
             assert!(version <= written, "round {round}: f{file} record {record} v{version} was never written");
             if let Some(s) = synced {
-                if version < s {
-                    let lower = m.lower.join(journal.name(file));
-                    let raw = std::fs::read(&lower).unwrap_or_default();
-                    let at = 2048 + record as usize * 64;
-                    let desc = |o: usize| {
-                        raw.get(o..o + 32)
-                            .map(|d| {
-                                format!(
-                                    "gen {} stored {} logical {} codec {} sum {:x}",
-                                    u32::from_le_bytes(d[0..4].try_into().unwrap()),
-                                    u32::from_le_bytes(d[4..8].try_into().unwrap()),
-                                    u32::from_le_bytes(d[8..12].try_into().unwrap()),
-                                    d[12],
-                                    u64::from_le_bytes(d[16..24].try_into().unwrap())
-                                )
-                            })
-                            .unwrap_or_default()
-                    };
-                    panic!(
-                        "round {round}: f{file} record {record} went back to v{version} after fsync of v{s}\n slot0: {}\n slot1: {}\n last cut: {:?}\n{}",
-                        desc(at),
-                        desc(at + 32),
-                        LAST_CUT.lock().unwrap(),
-                        m.log_text()
-                    );
-                }
+                assert!(
+                    version >= s,
+                    "round {round}: f{file} record {record} went back to v{version} after fsync of v{s}\n{}\n last cut: {:?}\n history:\n{}{}",
+                    lower_dump(&m.lower.join(&name)),
+                    LAST_CUT.lock().unwrap(),
+                    journal.history_of(file),
+                    m.log_text()
+                );
             }
-            assert!(version >= floor, "round {round}: f{file} record {record} v{version} came back after a truncate removed it");
+            assert!(
+                version >= floor,
+                "round {round}: f{file} record {record} v{version} came back after a truncate removed it (size {size})\n{}\n history:\n{}{}",
+                lower_dump(&m.lower.join(&name)),
+                journal.history_of(file),
+                m.log_text()
+            );
             verified += 1;
         }
     }
@@ -290,19 +372,26 @@ fn sigkill_during_writes_never_loses_fsynced_data_or_returns_garbage() {
     for round in 0..rounds {
         let options = ["recordsize=16K,compression=lz4", "recordsize=16K,compression=gzip-1", "compression=zstd-1"][round % 3];
         let m = Mount::new(&d.lower, &d.mnt, options);
+        journal.lock().unwrap().round = round;
         if round > 0 {
             total += check_after_crash(&m, &journal.lock().unwrap(), round, false);
             journal.lock().unwrap().settle(&d.mnt);
         }
         let stop = Arc::new(AtomicBool::new(false));
         let handle = {
-            let (mnt, journal, stop, seed) = (d.mnt.clone(), journal.clone(), stop.clone(), rng.gen());
-            std::thread::spawn(move || writer(mnt, seed, journal, stop))
+            let (root, journal, stop, seed) = (mount_root(&d.mnt), journal.clone(), stop.clone(), rng.gen());
+            std::thread::spawn(move || writer(root, seed, journal, stop))
         };
         std::thread::sleep(Duration::from_millis(rng.gen_range(30..400)));
         m.kill();
         stop.store(true, Ordering::Relaxed);
         handle.join().unwrap();
+        {
+            let mut j = journal.lock().unwrap();
+            for file in 0..FILES {
+                j.note(file, format!("killed (mounted with {options})"));
+            }
+        }
     }
     let m = Mount::new(&d.lower, &d.mnt, "");
     total += check_after_crash(&m, &journal.lock().unwrap(), rounds, false);
@@ -506,6 +595,7 @@ fn a_power_cut_never_loses_fsynced_data_or_returns_garbage() {
     for round in 0..=rounds {
         let options = ["recordsize=16K,compression=lz4", "recordsize=16K,compression=gzip-1", "compression=zstd-1"][round % 3];
         let m = Mount::with_env(&d.lower, &d.mnt, options, &env);
+        journal.lock().unwrap().round = round;
         if round > 0 {
             total += check_after_crash(&m, &journal.lock().unwrap(), round, true);
             journal.lock().unwrap().settle(&d.mnt);
@@ -516,13 +606,19 @@ fn a_power_cut_never_loses_fsynced_data_or_returns_garbage() {
         }
         let stop = Arc::new(AtomicBool::new(false));
         let handle = {
-            let (mnt, journal, stop, seed) = (d.mnt.clone(), journal.clone(), stop.clone(), rng.gen());
-            std::thread::spawn(move || writer(mnt, seed, journal, stop))
+            let (root, journal, stop, seed) = (mount_root(&d.mnt), journal.clone(), stop.clone(), rng.gen());
+            std::thread::spawn(move || writer(root, seed, journal, stop))
         };
         std::thread::sleep(Duration::from_millis(rng.gen_range(50..400)));
         m.kill();
         stop.store(true, Ordering::Relaxed);
         handle.join().unwrap();
+        {
+            let mut j = journal.lock().unwrap();
+            for file in 0..FILES {
+                j.note(file, format!("killed (mounted with {options})"));
+            }
+        }
         let (r, k) = power_cut(&d.lower, &logs, &mut rng);
         reverted += r;
         kept += k;

@@ -159,7 +159,8 @@ impl Store {
     /// Drops every record from `first` on, on the lower file: descriptors of records sharing a
     /// table that stays (the boundary group's, and always group 0's, which lives in block 0) are
     /// cleared one by one and their slots punched after the next sync; later groups are cut off
-    /// with their tables. Caller holds `slot_io` exclusively.
+    /// with their tables. A size below the header's is recorded in the header at once.
+    /// Caller holds `slot_io` exclusively.
     pub fn discard_from(&self, st: &mut StoreState, first: u64) -> FsResult<()> {
         st.stale = st.stale.range(..first).copied().collect();
         st.kept_for_reuse = st.kept_for_reuse.range(..first).copied().collect();
@@ -180,6 +181,13 @@ impl Store {
         }
         let kept_groups = clear_end / GROUP_RECORDS;
         st.tables.retain(|&g, _| g < kept_groups);
+        // The record holding a new end inside it keeps its old copy, with the bytes cut off,
+        // until its trimmed copy lands: the header must stop covering them now, or a crash before
+        // that landing brings them back. (A smaller size is safe to record at any time: nothing
+        // past it is read, and a writer growing the file again trims that record first.)
+        if st.header_on_disk && st.size < st.persisted_size {
+            self.write_header_sized(st, st.size, false)?;
+        }
         Ok(())
     }
 
