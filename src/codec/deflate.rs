@@ -76,11 +76,12 @@ impl Decoder {
 /// at N whose ratio on the real FASTQ is at least zlib's at N (the rule nvCOMP's levels follow,
 /// `engine::gpu::deflate_algorithm`). Measured on 128 KiB records, one core, in
 /// bench/results/deflate-encoders.md (`cargo run --release --example deflate_encoders`):
-/// ISA-L 2 compresses the FASTQ at about lz4's speed (~2x libdeflate 1) with ratio 3.20
-/// (zlib 1: 3.02, zlib 2: 3.12, libdeflate 1: 3.31); ISA-L 1 is no faster and compresses less;
-/// ISA-L 3 (3.249) falls just short of zlib 3 (3.252), so gzip-3 and up stay on libdeflate.
+/// ISA-L 1 compresses the FASTQ at lz4's speed (~2x libdeflate 1) with ratio 3.18 (zlib 1:
+/// 3.02, zlib 2: 3.12, libdeflate 1: 3.31). ISA-L 2 qualifies for gzip-2 too and is as fast
+/// within 2%, with a little more ratio (3.20), so gzip-2 takes it. ISA-L 3 (3.249) falls just
+/// short of zlib 3 (3.252), so gzip-3 and up stay on libdeflate at the same level.
 pub const ENCODERS: [Encoder; 9] = [
-    Encoder::Isal(2),
+    Encoder::Isal(1),
     Encoder::Isal(2),
     Encoder::Libdeflate(3),
     Encoder::Libdeflate(4),
