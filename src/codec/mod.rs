@@ -12,7 +12,8 @@
 //! - `decompress(src, dst)` succeeds only if it produces exactly `dst.len()` bytes; corrupt
 //!   input is an error, never a panic.
 
-mod deflate;
+pub mod deflate;
+mod isal;
 mod lz4;
 mod lzjb;
 mod setting;

@@ -204,3 +204,214 @@ fn the_docs_list_every_codec_of_the_table() {
         assert!(readme.contains(&format!("`{}`", row.name)), "README.md's compression row lacks {}", row.name);
     }
 }
+
+mod deflate_encoders {
+    //! The two raw-deflate encoders (libdeflate, ISA-L) and decoders: one format, so every
+    //! encoder's stream must decode with every decoder, zlib's included.
+    use super::super::deflate::{self, Decoder, Encoder, DECODER, ENCODERS};
+    use super::*;
+    use proptest::prelude::*;
+
+    const ISAL_LEVELS: [Encoder; 4] = [Encoder::Isal(0), Encoder::Isal(1), Encoder::Isal(2), Encoder::Isal(3)];
+    const DECODERS: [Decoder; 2] = [Decoder::Libdeflate, Decoder::Isal];
+
+    /// Every encoder a gzip level maps to, and every ISA-L level.
+    fn all_encoders() -> Vec<Encoder> {
+        let mut v: Vec<Encoder> = ENCODERS.iter().copied().chain(ISAL_LEVELS).collect();
+        v.dedup();
+        v
+    }
+
+    fn zlib_inflate(src: &[u8], len: usize) -> Option<Vec<u8>> {
+        let mut out = vec![0u8; len];
+        let mut d = flate2::Decompress::new(false);
+        match d.decompress(src, &mut out, flate2::FlushDecompress::Finish) {
+            Ok(flate2::Status::StreamEnd) if d.total_out() as usize == len => Some(out),
+            _ => None,
+        }
+    }
+
+    fn fastq_like(len: usize, seed: u64) -> Vec<u8> {
+        // Reads with random bases and qualities: compressible, but not a repeated line.
+        let r = pseudo_random(len, seed);
+        let mut out = Vec::with_capacity(len);
+        let mut i = 0;
+        while out.len() < len {
+            out.extend_from_slice(format!("@SRR001666.{i} 071112_SLXA:5:1:{}:{}\n", r[i % r.len()], r[(i * 7) % r.len()]).as_bytes());
+            out.extend((0..36).map(|k| b"ACGT"[(r[(i * 36 + k) % r.len()] & 3) as usize]));
+            out.extend_from_slice(b"\n+\n");
+            out.extend((0..36).map(|k| b'#' + r[(i * 36 + k + 5) % r.len()] % 40));
+            out.push(b'\n');
+            i += 1;
+        }
+        out.truncate(len);
+        out
+    }
+
+    #[test]
+    fn every_encoder_round_trips_through_every_decoder_and_zlib() {
+        for enc in all_encoders() {
+            for data in [fastq_like(128 * 1024, 1), sample_text(100_000), vec![0u8; 128 * 1024], pseudo_random(20_000, 5), sample_text(1)] {
+                let mut out = vec![0u8; data.len() + data.len() / 8 + 1024];
+                let n = enc.compress(&data, &mut out).unwrap_or_else(|| panic!("{enc} gave up with room"));
+                for dec in DECODERS {
+                    let mut back = vec![0u8; data.len()];
+                    dec.decompress(&out[..n], &mut back).unwrap_or_else(|e| panic!("{enc} -> {dec:?}: {e}"));
+                    assert!(back == data, "{enc} -> {dec:?}");
+                }
+                assert!(zlib_inflate(&out[..n], data.len()).as_deref() == Some(&data[..]), "{enc} -> zlib");
+            }
+        }
+    }
+
+    #[test]
+    fn empty_input_round_trips() {
+        for enc in all_encoders() {
+            let mut out = [0u8; 64];
+            let n = enc.compress(&[], &mut out).unwrap_or_else(|| panic!("{enc}: empty input"));
+            for dec in DECODERS {
+                dec.decompress(&out[..n], &mut []).unwrap_or_else(|e| panic!("{enc} -> {dec:?}: {e}"));
+            }
+            assert_eq!(zlib_inflate(&out[..n], 0), Some(vec![]), "{enc} -> zlib");
+        }
+    }
+
+    #[test]
+    fn output_that_does_not_fit_is_none_and_nothing_is_written_past_dst() {
+        let random = pseudo_random(128 * 1024, 9);
+        let text = fastq_like(128 * 1024, 2);
+        for enc in all_encoders() {
+            for (data, room) in [(&random, random.len() - random.len() / 8), (&random, random.len()), (&text, 1000), (&text, 0)] {
+                let mut buf = vec![0xa5u8; room + 4096];
+                let (dst, guard) = buf.split_at_mut(room);
+                assert_eq!(enc.compress(data, dst), None, "{enc} into {room} bytes");
+                assert!(guard.iter().all(|&b| b == 0xa5), "{enc} wrote past dst ({room} bytes)");
+            }
+            // Room for the stream and 8 bytes more is enough (ISA-L's bit buffer stores 8 bytes at
+            // a time: with less room it stops early, which the contract allows); one byte less
+            // than the stream never is.
+            for data in [&text, &fastq_like(5000, 8), &sample_text(128 * 1024)] {
+                let mut out = vec![0u8; data.len()];
+                let n = enc.compress(data, &mut out).unwrap();
+                assert_eq!(enc.compress(data, &mut out[..n + 8]), Some(n), "{enc}");
+                assert_eq!(enc.compress(data, &mut out[..n - 1]), None, "{enc}");
+            }
+        }
+    }
+
+    #[test]
+    fn libdeflate_streams_decode_with_isal_and_back() {
+        let data = fastq_like(128 * 1024, 3);
+        for level in 1..=12 {
+            let mut out = vec![0u8; data.len()];
+            let n = Encoder::Libdeflate(level).compress(&data, &mut out).unwrap();
+            let mut back = vec![0u8; data.len()];
+            Decoder::Isal.decompress(&out[..n], &mut back).unwrap();
+            assert!(back == data, "libdeflate-{level} -> isal");
+        }
+    }
+
+    #[test]
+    fn both_decoders_reject_wrong_lengths_and_survive_corruption() {
+        let data = fastq_like(16 * 1024, 4);
+        for enc in all_encoders() {
+            let mut out = vec![0u8; data.len() * 2];
+            let n = enc.compress(&data, &mut out).unwrap();
+            let stream = &out[..n];
+            for dec in DECODERS {
+                for wrong in [0, data.len() - 1, data.len() + 1] {
+                    let mut back = vec![0u8; wrong];
+                    assert!(dec.decompress(stream, &mut back).is_err(), "{enc} -> {dec:?} len {wrong}");
+                }
+                let mut back = vec![0u8; data.len()];
+                assert!(dec.decompress(&stream[..n / 2], &mut back).is_err(), "{enc} -> {dec:?}: truncated stream");
+                for i in (0..n).step_by(n / 64 + 1) {
+                    let mut bad = stream.to_vec();
+                    bad[i] ^= 0x5a;
+                    let _ = dec.decompress(&bad, &mut back);
+                }
+                let _ = dec.decompress(&pseudo_random(n, 11), &mut back);
+            }
+        }
+    }
+
+    #[test]
+    fn the_level_table_names_valid_encoders_and_gzip_levels_use_it() {
+        for (i, enc) in ENCODERS.iter().enumerate() {
+            match *enc {
+                Encoder::Isal(l) => assert!(l <= 3, "gzip-{}: {enc}", i + 1),
+                Encoder::Libdeflate(l) => assert!((1..=12).contains(&l), "gzip-{}: {enc}", i + 1),
+            }
+            assert_eq!(deflate::encoder(i as i32 + 1), *enc);
+        }
+        // gzip-N goes through the table: its bytes are exactly its encoder's.
+        let data = fastq_like(64 * 1024, 6);
+        for level in 1..=9 {
+            let (mut a, mut b) = (vec![0u8; data.len()], vec![0u8; data.len()]);
+            let n = Codec::Deflate.compress(&data, &mut a, level).unwrap();
+            assert_eq!(deflate::encoder(level).compress(&data, &mut b), Some(n));
+            assert!(a[..n] == b[..n], "gzip-{level}");
+        }
+        let mut back = vec![0u8; data.len()];
+        let mut out = vec![0u8; data.len()];
+        let n = ENCODERS[0].compress(&data, &mut out).unwrap();
+        DECODER.decompress(&out[..n], &mut back).unwrap();
+        assert!(back == data);
+    }
+
+    #[test]
+    fn threads_compress_at_once_with_their_own_state() {
+        let handles: Vec<_> = (0..4u64)
+            .map(|t| {
+                std::thread::spawn(move || {
+                    for round in 0..20u64 {
+                        let data = fastq_like(32 * 1024 + (round as usize) * 100, t * 100 + round);
+                        let enc = ISAL_LEVELS[((t + round) % 4) as usize];
+                        let mut out = vec![0u8; data.len()];
+                        let n = enc.compress(&data, &mut out).unwrap();
+                        let mut back = vec![0u8; data.len()];
+                        DECODERS[(round % 2) as usize].decompress(&out[..n], &mut back).unwrap();
+                        assert!(back == data, "thread {t} round {round} {enc}");
+                    }
+                })
+            })
+            .collect();
+        for h in handles {
+            h.join().unwrap();
+        }
+    }
+
+    fn short_alphabet_byte() -> impl Strategy<Value = u8> {
+        prop_oneof![Just(b'A'), Just(b'C'), Just(b'G'), Just(b'T'), Just(b'\n'), any::<u8>()]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+        #[test]
+        fn isal_round_trips_or_says_it_does_not_fit(
+            data in proptest::collection::vec(short_alphabet_byte(), 0..40_000),
+            level in 0u32..=3,
+            room_pct in 0usize..130,
+        ) {
+            let room = data.len() * room_pct / 100;
+            let mut buf = vec![0x3cu8; room + 1024];
+            let (dst, guard) = buf.split_at_mut(room);
+            let got = Encoder::Isal(level).compress(&data, dst);
+            prop_assert!(guard.iter().all(|&b| b == 0x3c), "wrote past dst");
+            if let Some(n) = got {
+                prop_assert!(n <= room);
+                for dec in DECODERS {
+                    let mut back = vec![0u8; data.len()];
+                    prop_assert!(dec.decompress(&dst[..n], &mut back).is_ok());
+                    prop_assert!(back == data);
+                }
+            }
+        }
+
+        #[test]
+        fn isal_decoder_never_panics_on_garbage(src in proptest::collection::vec(any::<u8>(), 0..4096), len in 0usize..70_000) {
+            let mut out = vec![0u8; len];
+            let _ = Decoder::Isal.decompress(&src, &mut out);
+        }
+    }
+}

@@ -105,12 +105,16 @@ pub enum AutoTarget {
 
 /// compression=auto: a codec for one record from its data and the load. Incompressible-looking
 /// data gets lz4 (cheapest to try); otherwise the strongest codec the place can afford: gzip-6
-/// on an accelerator; on the CPU zstd-3 while it keeps up, zstd-1 when work queues, lz4 when it
-/// is far behind (a busy CPU, whether from our writers or other programs, drains the queue slower).
+/// on an accelerator; on the CPU zstd-3 while it keeps up, zstd-1 when work queues, gzip-1 when
+/// it is far behind (a busy CPU, whether from our writers or other programs, drains the queue
+/// slower). gzip-1 is ISA-L's encoder (`codec::deflate::ENCODERS`), which compresses the real
+/// FASTQ at about lz4's speed with half again lz4's ratio (3.18 vs 2.10) and text-like data
+/// faster than lz4 (bench/results/deflate-encoders.md), so it replaced lz4 as the last step.
 pub fn choose_auto(entropy: f32, min_savings: MinSavings, target: AutoTarget) -> Compression {
     const ZSTD_1: Compression = Compression { codec: Codec::Zstd, level: 1 };
     const ZSTD_3: Compression = Compression { codec: Codec::Zstd, level: 3 };
     const GZIP_6: Compression = Compression { codec: Codec::Deflate, level: 6 };
+    const GZIP_1: Compression = Compression { codec: Codec::Deflate, level: 1 };
     if !entropy_promises_savings(entropy, min_savings) {
         return Compression::LZ4;
     }
@@ -118,7 +122,7 @@ pub fn choose_auto(entropy: f32, min_savings: MinSavings, target: AutoTarget) ->
         AutoTarget::Accelerator => GZIP_6,
         AutoTarget::Cpu { backlog_per_worker } if backlog_per_worker <= 2.0 => ZSTD_3,
         AutoTarget::Cpu { backlog_per_worker } if backlog_per_worker <= 8.0 => ZSTD_1,
-        AutoTarget::Cpu { .. } => Compression::LZ4,
+        AutoTarget::Cpu { .. } => GZIP_1,
     }
 }
 
