@@ -273,7 +273,11 @@ impl DenseFs {
                 emitted = true;
                 continue;
             }
-            let opened = headers_ahead.opened.remove(&i);
+            // Opened ahead: the name may lead elsewhere by now (renamed, replaced or removed).
+            let opened = headers_ahead.opened.remove(&i).filter(|fd| {
+                let opened_id = lower::stat_fd(fd.as_raw_fd()).ok().map(|st| (st.st_dev, st.st_ino));
+                opened_id.is_some() && cstr(&entry.name).ok().and_then(|c| lower::id_at(dir.raw_fd(), &c)) == opened_id
+            });
             let attr = match self.lookup_child(*nodeid, &dir, &entry.name, Some((entry.ino, entry.surely_regular)), opened) {
                 Ok(attr) => attr,
                 Err(e) if matches!(e.errno, libc::ENOENT | libc::ESTALE) => continue,

@@ -124,8 +124,8 @@ impl Store {
         self.free_old_copies(st, records.into_iter().chain(kept).collect())
     }
 
-    /// Frees the old copies an fsync kept for reuse (the writeback tick: their records were not
-    /// rewritten since, or were and will be again). Caller holds `slot_io` exclusively.
+    /// Frees the old copies an fsync kept for reuse (the writeback tick); a record rewritten
+    /// since keeps its old copy until the next sync. Caller holds `slot_io` exclusively.
     pub fn free_kept(&self, st: &mut StoreState) -> FsResult<()> {
         let kept = std::mem::take(&mut st.kept_for_reuse);
         self.free_old_copies(st, kept)
