@@ -377,7 +377,7 @@ fn fsynced_rewrites_reuse_the_old_copies_blocks_and_free_them_later() {
     let data = random_bytes(8 << 16, 1);
     fs::write(m.path("db"), &data).unwrap();
     let lower = d.lower.join("db");
-    let blocks = || fs::metadata(&lower).unwrap().blocks();
+    let blocks = || lower_blocks(&lower);
     let base = blocks();
     // A record's copy is 128 sectors; the lower's own metadata (ext4's extent tree) may take a
     // block or two more as the file's extents split.
