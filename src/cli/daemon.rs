@@ -4,6 +4,7 @@
 use super::is_root;
 use super::mount::{cpath, detach};
 use super::mount_options::MountConfig;
+use super::owner::{Lease, HEARTBEAT};
 use crate::core::DenseFs;
 use crate::engine::{Engine, Offload};
 use crate::fuse::FuseAdapter;
@@ -38,7 +39,14 @@ fn build_engine(config: &MountConfig) -> Result<Engine, String> {
 
 /// Starts the daemon in the background: a child in its own session serves the mount and tells
 /// this process through a pipe when it is mounted ("ok") or why not.
-pub(super) fn start(lower: &Path, mountpoint: &Path, config: &MountConfig, lock: File, log: Option<PathBuf>) -> Result<(), String> {
+pub(super) fn start(
+    lower: &Path,
+    mountpoint: &Path,
+    config: &MountConfig,
+    lock: File,
+    lease: Option<Arc<Lease>>,
+    log: Option<PathBuf>,
+) -> Result<(), String> {
     let mut fds = [0; 2];
     // SAFETY: pipe2 writes two descriptors into the two-element array.
     if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
@@ -54,7 +62,7 @@ pub(super) fn start(lower: &Path, mountpoint: &Path, config: &MountConfig, lock:
             drop(ready_rx);
             // SAFETY: setsid has no preconditions (it fails harmlessly for a group leader).
             unsafe { libc::setsid() };
-            let code = match serve(lower, mountpoint, config, lock, Some(ready_tx), log) {
+            let code = match serve(lower, mountpoint, config, lock, lease, Some(ready_tx), log) {
                 Ok(()) => 0,
                 Err(_) => 1,
             };
@@ -93,6 +101,7 @@ pub(super) fn serve(
     mountpoint: &Path,
     config: &MountConfig,
     _lock: File,
+    lease: Option<Arc<Lease>>,
     mut ready: Option<File>,
     log: Option<PathBuf>,
 ) -> Result<(), String> {
@@ -109,6 +118,11 @@ pub(super) fn serve(
     // SAFETY: umask has no preconditions and cannot fail.
     unsafe { libc::umask(0) };
     raise_fd_limit();
+    if let Some(lease) = &lease {
+        if let Err(e) = lease.adopt() {
+            return Err(fail(&mut ready, format!("cannot update the owner record {}: {e}", lease.path().display())));
+        }
+    }
     let engine = match build_engine(config) {
         Ok(e) => Arc::new(e),
         Err(e) => return Err(fail(&mut ready, e)),
@@ -157,9 +171,13 @@ pub(super) fn serve(
             }
         })
         .map_err(|e| e.to_string())?;
+    if let Some(lease) = lease.clone() {
+        let target = mountpoint.to_path_buf();
+        std::thread::Builder::new().name("densefs-owner".into()).spawn(move || keep_lease(&lease, &target)).map_err(|e| e.to_string())?;
+    }
     let target = mountpoint.to_path_buf();
     let session_ended = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let (ended, signalled_fs, lower_dir) = (session_ended.clone(), fs.clone(), lower.to_path_buf());
+    let (ended, signalled_fs, lower_dir, signalled_lease) = (session_ended.clone(), fs.clone(), lower.to_path_buf(), lease.clone());
     std::thread::Builder::new()
         .name("densefs-signals".into())
         .spawn(move || {
@@ -170,7 +188,7 @@ pub(super) fn serve(
             if let Err(e) = detach(&target) {
                 tracing::error!("unmount failed: {e}");
             }
-            end_after_signal(&ended, &signalled_fs, &lower_dir);
+            end_after_signal(&ended, &signalled_fs, &lower_dir, signalled_lease);
         })
         .map_err(|e| e.to_string())?;
     tracing::info!(
@@ -191,6 +209,9 @@ pub(super) fn serve(
     let root = File::open(lower).map_err(|e| e.to_string())?;
     // SAFETY: syncfs on a descriptor `root` owns and keeps open across the call.
     unsafe { libc::syncfs(root.as_raw_fd()) };
+    if let Some(lease) = &lease {
+        lease.release();
+    }
     tracing::info!("unmounted {}", mountpoint.display());
     result.map_err(|e| e.to_string())
 }
@@ -204,7 +225,7 @@ const SIGNAL_WRITEBACK_LIMIT: std::time::Duration = std::time::Duration::from_se
 /// the mount. Files still open keep it alive, so after a grace period the daemon lands what it
 /// holds in memory and exits (their holders then get ENOTCONN); a write-back that cannot finish
 /// (a stuck lower disk) is abandoned after a bounded wait.
-fn end_after_signal(session_ended: &std::sync::atomic::AtomicBool, fs: &Arc<DenseFs>, lower: &Path) {
+fn end_after_signal(session_ended: &std::sync::atomic::AtomicBool, fs: &Arc<DenseFs>, lower: &Path, lease: Option<Arc<Lease>>) {
     let start = std::time::Instant::now();
     while start.elapsed() < SIGNAL_GRACE {
         if session_ended.load(std::sync::atomic::Ordering::SeqCst) {
@@ -220,12 +241,37 @@ fn end_after_signal(session_ended: &std::sync::atomic::AtomicBool, fs: &Arc<Dens
             // SAFETY: syncfs on a descriptor `root` owns and keeps open across the call.
             unsafe { libc::syncfs(root.as_raw_fd()) };
         }
+        if let Some(lease) = lease {
+            lease.release();
+        }
         tracing::info!("written back; exiting");
         std::process::exit(0);
     });
     std::thread::sleep(SIGNAL_WRITEBACK_LIMIT);
     tracing::error!("write-back did not finish within {SIGNAL_WRITEBACK_LIMIT:?}; exiting without it");
     std::process::exit(1);
+}
+
+/// Advances the owner record's heartbeat while the daemon serves. If another machine's daemon
+/// has taken the lower over (this one stalled past the takeover wait), the mount turns
+/// read-only at once: two writers would corrupt each other's files.
+fn keep_lease(lease: &Lease, mountpoint: &Path) {
+    loop {
+        std::thread::sleep(HEARTBEAT);
+        if lease.beat() {
+            continue;
+        }
+        tracing::error!(
+            "another densefs daemon has taken over this lower directory (its owner record {} is not ours): \
+             {} turns read-only; unmount it",
+            lease.path().display(),
+            mountpoint.display()
+        );
+        if let Err(e) = super::mount::remount(mountpoint, "ro") {
+            tracing::error!("cannot turn {} read-only: {e}", mountpoint.display());
+        }
+        return;
+    }
 }
 
 /// Mounts /dev/fuse on `mountpoint` as type `fuse.densefs` with source `lower` (root only) and

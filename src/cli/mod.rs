@@ -2,7 +2,8 @@
 //! Commands talk to the daemon through the control interface (`crate::control`, `client.rs`).
 //!
 //! - `mount.rs`: mount, umount, remount, mount(8)'s helper; `mount_options.rs` parses `-o`;
-//!   `daemon.rs` daemonizes and serves; `logging.rs` where the daemon logs;
+//!   `daemon.rs` daemonizes and serves; `owner.rs` keeps other machines' daemons off a lower;
+//!   `logging.rs` where the daemon logs;
 //! - `props.rs`: set, inherit, get, list; `inspect.rs`: stat, scrub; `recompress.rs`;
 //!   `iostat.rs`; `bench.rs`;
 //! - `mountinfo.rs`: the one parser of /proc/self/mountinfo; `client.rs`: requests to the
@@ -18,6 +19,7 @@ pub mod mount;
 pub mod mount_options;
 pub mod mountinfo;
 pub mod output;
+pub mod owner;
 pub mod props;
 pub mod recompress;
 
@@ -50,6 +52,9 @@ enum Command {
     ///   cache_size=SIZE   file data all open files may hold in memory: written and not yet
     ///                     stored, being compressed, or cached decoded (default 256M)
     ///   threads=N         FUSE request threads
+    ///   multihost=auto|on|off  keep an owner record in the lower so that a second machine's
+    ///                     densefs cannot mount it writable at the same time (default auto: on
+    ///                     when the lower is on a network or FUSE file system)
     ///   allow_other, ro, nosuid, nodev, noexec, noatime, ...  as for any mount
     /// These are the root directory's defaults; `densefs set` overrides them below a directory.
     /// Settings apply to files created from then on; existing files keep theirs.

@@ -6,6 +6,7 @@ use super::daemon;
 use super::logging::{fallback_log, syslog_available};
 use super::mount_options::{parse_mount_options, MountConfig};
 use super::mountinfo::{densefs_mount_at, mount_source, mountinfo};
+use super::owner::{Lease, Owner, TAKEOVER_AFTER};
 use super::{client, is_root};
 use crate::control::Control;
 use std::ffi::CString;
@@ -13,6 +14,7 @@ use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 pub(super) fn cpath(p: &Path) -> CString {
     CString::new(p.as_os_str().as_bytes()).expect("paths from the command line have no NUL")
@@ -111,6 +113,21 @@ pub fn mount(lower: &Path, mountpoint: &Path, config: MountConfig, foreground: b
             Err(_) => return Err(format!("{} is already served by another densefs daemon", lower.display())),
         }
     };
+    // Other machines do not see the flock: a shared lower also gets an owner record (owner.rs).
+    let lease = if !config.read_only() && config.multihost.applies_to(&lower) {
+        let waiting = |o: &Owner| {
+            eprintln!(
+                "densefs: {} holds an owner record of host {} (pid {}): watching its heartbeat for {} s",
+                lower.display(),
+                o.host,
+                o.pid,
+                TAKEOVER_AFTER.as_secs()
+            )
+        };
+        Some(Arc::new(Lease::acquire(&lower, &mountpoint, TAKEOVER_AFTER, waiting).map_err(|r| r.message(&lower))?))
+    } else {
+        None
+    };
     if !foreground && log.is_none() && !syslog_available() {
         log = fallback_log(&mountpoint);
         match &log {
@@ -118,11 +135,16 @@ pub fn mount(lower: &Path, mountpoint: &Path, config: MountConfig, foreground: b
             None => eprintln!("densefs: no syslog (/dev/log) and no writable log directory: the daemon will not log (use --log FILE)"),
         }
     }
-    if foreground {
-        daemon::serve(&lower, &mountpoint, &config, lock, None, log)
+    let served = if foreground {
+        daemon::serve(&lower, &mountpoint, &config, lock, lease.clone(), None, log)
     } else {
-        daemon::start(&lower, &mountpoint, &config, lock, log)
+        daemon::start(&lower, &mountpoint, &config, lock, lease.clone(), log)
+    };
+    if let (Err(_), Some(lease)) = (&served, &lease) {
+        // The daemon never served (or, in the foreground, has ended): the lower is free again.
+        lease.release();
     }
+    served
 }
 
 /// mount(8) runs `mount.densefs LOWER MOUNTPOINT [-sfnv] [-o OPTIONS] [-t TYPE]` (and, for a

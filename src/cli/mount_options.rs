@@ -1,5 +1,6 @@
 //! `densefs mount -o ...`: the mount options, parsed into what the daemon is asked for.
 
+use super::owner::Multihost;
 use crate::core::Options;
 use crate::engine::EngineConfig;
 use fuser::MountOption;
@@ -13,6 +14,15 @@ pub struct MountConfig {
     pub threads: usize,
     /// The engine's policy (options set the size window, pre-check and verification).
     pub engine: EngineConfig,
+    /// Whether a writable mount keeps an owner record in its lower (owner.rs).
+    pub multihost: Multihost,
+}
+
+impl MountConfig {
+    /// `ro` and `rw` may both be given (an fstab line, then a command line): the last one counts.
+    pub fn read_only(&self) -> bool {
+        self.fuse_options.iter().rev().find(|o| matches!(o, MountOption::RO | MountOption::RW)) == Some(&MountOption::RO)
+    }
 }
 
 fn on_off(key: &str, value: Option<&str>) -> Result<bool, String> {
@@ -35,6 +45,7 @@ pub fn parse_mount_options(list: &str) -> Result<MountConfig, String> {
     // SAFETY: geteuid has no preconditions and cannot fail.
     let mut allow_other = unsafe { libc::geteuid() } == 0;
     let mut threads = std::thread::available_parallelism().map_or(4, |n| n.get()).clamp(4, 16);
+    let mut multihost = Multihost::default();
     let mut engine = EngineConfig::new(std::thread::available_parallelism().map_or(2, |n| n.get()));
     for item in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
         let (key, value) = match item.split_once('=') {
@@ -74,6 +85,7 @@ pub fn parse_mount_options(list: &str) -> Result<MountConfig, String> {
                 let v = need(value)?;
                 threads = v.parse().ok().filter(|n| (1..=256).contains(n)).ok_or_else(|| format!("invalid threads '{v}' (1..256)"))?;
             }
+            "multihost" => multihost = Multihost::parse(value)?,
             "allow_other" => allow_other = true,
             "allow_root" => allow_other = true,
             "ro" => {
@@ -103,7 +115,7 @@ pub fn parse_mount_options(list: &str) -> Result<MountConfig, String> {
     if engine.offload_window.0 > engine.offload_window.1 {
         return Err("offload_min is larger than offload_max".to_string());
     }
-    Ok(MountConfig { options, fuse_options, allow_other, threads, engine })
+    Ok(MountConfig { options, fuse_options, allow_other, threads, engine, multihost })
 }
 
 #[cfg(test)]
