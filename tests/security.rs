@@ -156,7 +156,8 @@ fn writes_by_other_users_clear_setuid_and_setgid_as_on_ext4() {
     // File capabilities go with any write by another user, on ext4 and through densefs.
     for dir in [&reference, &d.mnt] {
         let p = dir.join("capable");
-        fs::write(&p, b"#!/bin/sh\n").unwrap();
+        // Created exclusively: densefs then knows it has no capabilities until setcap says otherwise.
+        fs::OpenOptions::new().write(true).create_new(true).open(&p).unwrap().write_all_at(b"#!/bin/sh\n", 0).unwrap();
         chown(&p, Some(nobody), Some(nobody)).unwrap();
         fs::set_permissions(&p, fs::Permissions::from_mode(0o777)).unwrap();
         let out = Command::new("setcap").args(["cap_net_raw+ep", s(&p)]).output().expect("setcap (libcap2-bin)");

@@ -24,7 +24,7 @@ use super::error::{FsError, FsResult};
 use super::landing::{self, LandingQueue};
 use super::lower;
 use super::memory::Memory;
-use super::store::{Store, StoreState};
+use super::store::{mtime_of, Store, StoreState};
 use crate::checksum::ChecksumKind;
 use crate::codec::Setting;
 use crate::engine::{CompressRequest, DecompressRequest, Engine, EngineError, Job, Output, RecordPolicy, Work};
@@ -153,19 +153,29 @@ impl Container {
         Store::probe_fd(fd)
     }
 
-    /// Turns an empty lower file into an empty container. Nothing is written until the file
-    /// gets data or a size: an empty file stays an empty lower file.
+    /// Turns a lower file into an empty container (emptying it). Nothing is written until the
+    /// file gets data or a size: an empty file stays an empty lower file. `empty_since`: the
+    /// caller knows the lower file is empty and since when (its mtime), saving a stat.
     pub fn create(
         lower: File,
+        empty_since: Option<libc::timespec>,
         settings: CreateSettings,
         policy: RecordPolicy,
         engine: Arc<Engine>,
         memory: Arc<Memory>,
         label: Option<String>,
     ) -> FsResult<Container> {
-        if lower.metadata()?.len() != 0 {
-            lower.set_len(0)?;
-        }
+        let mtime = match empty_since {
+            Some(mtime) => mtime,
+            None => {
+                let mut meta = lower.metadata()?;
+                if meta.len() != 0 {
+                    lower.set_len(0)?;
+                    meta = lower.metadata()?;
+                }
+                mtime_of(&meta)
+            }
+        };
         let header = Header {
             layout: settings.layout,
             checksum: settings.checksum,
@@ -175,7 +185,7 @@ impl Container {
             durable_below: Epochs::NEW_FILE_DURABLE_BELOW,
             heal_from: 0,
         };
-        let (store, state) = Store::create(lower, &header, label)?;
+        let (store, state) = Store::create(lower, &header, label, mtime);
         Ok(Container::assemble(store, state, policy, engine, memory))
     }
 

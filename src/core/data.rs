@@ -74,6 +74,12 @@ fn timespec(t: Option<SetTime>) -> libc::timespec {
     }
 }
 
+/// A lower file `create` just opened read-write, and its stat.
+pub(super) struct Created {
+    file: File,
+    stat: libc::stat,
+}
+
 /// How much of a lower file's start a reader's open reads ahead: the header and first records.
 const READER_START: u64 = 128 * 1024;
 
@@ -81,10 +87,27 @@ impl DenseFs {
     /// Builds the shared content of a regular file: a container, or the plain lower file.
     /// An empty lower file opened for writing becomes a container (it has nothing to preserve).
     /// Readers open the lower file read-only: reading never writes (a writer's open upgrades it).
-    /// `created`: the lower file as `create` opened it (read-write), used instead of a reopen.
-    pub(super) fn load_content(&self, inode: &Node, writable: bool, created: Option<File>) -> FsResult<Content> {
+    /// `created`: the lower file as `create` opened it (read-write), used instead of a reopen,
+    /// with its stat.
+    pub(super) fn load_content(&self, inode: &Node, writable: bool, created: Option<Created>) -> FsResult<Content> {
+        let settings = || self.settings_in(self.inodes.parent_of(inode.nodeid).unwrap_or(super::ROOT));
         let file = match created {
-            Some(file) => file,
+            // A new file: nothing to probe (a network lower answers each call a round trip later).
+            Some(Created { file, stat }) if stat.st_size == 0 => {
+                let settings = settings();
+                let mtime = libc::timespec { tv_sec: stat.st_mtime, tv_nsec: stat.st_mtime_nsec };
+                let c = Container::create(
+                    file,
+                    Some(mtime),
+                    Self::create_settings(&settings),
+                    settings.record_policy(),
+                    self.engine.clone(),
+                    self.memory.clone(),
+                    None,
+                )?;
+                return Ok(Content::Container(Arc::new(c)));
+            }
+            Some(Created { file, .. }) => file,
             None if writable => lower::reopen(inode.raw_fd(), libc::O_RDWR)?,
             None => {
                 let file = lower::reopen_read(inode.raw_fd(), self.options.noatime)?;
@@ -95,7 +118,7 @@ impl DenseFs {
             }
         };
         // The properties of the directory the file is in decide how it is written.
-        let settings = self.settings_in(self.inodes.parent_of(inode.nodeid).unwrap_or(super::ROOT));
+        let settings = settings();
         match Container::probe(&file) {
             Ok(Some(header)) => {
                 let c = Container::open(file, header, settings.record_policy(), self.engine.clone(), self.memory.clone(), None, writable)?;
@@ -104,6 +127,7 @@ impl DenseFs {
             Ok(None) if writable && file.metadata()?.len() == 0 => {
                 let c = Container::create(
                     file,
+                    None,
                     Self::create_settings(&settings),
                     settings.record_policy(),
                     self.engine.clone(),
@@ -122,7 +146,7 @@ impl DenseFs {
     }
 
     /// `created`: as for `load_content`.
-    fn open_inode(&self, inode: &Node, writable: bool, created: Option<File>) -> FsResult<u64> {
+    fn open_inode(&self, inode: &Node, writable: bool, created: Option<Created>) -> FsResult<u64> {
         let mut open = inode.open.lock();
         let content = match &open.content {
             Some(c) => {
@@ -168,9 +192,14 @@ impl DenseFs {
         let created = lower::openat(dir.raw_fd(), &c, lower_flags, mode)?;
         let attr = self.adopt(parent, name, caller)?;
         let inode = self.inode(attr.ino)?;
+        // A new file has no capabilities (none are inherited); the kernel asks before it writes.
+        inode.no_capability.store(lower_flags & libc::O_EXCL != 0, std::sync::atomic::Ordering::Relaxed);
         // The descriptor just opened serves the file (saving a reopen), unless the name no longer
         // reaches that inode (renamed meanwhile on the lower).
-        let created = lower::stat_fd(created.as_raw_fd()).ok().filter(|st| (st.st_dev, st.st_ino) == inode.lower_id()).map(|_| created);
+        let created = lower::stat_fd(created.as_raw_fd())
+            .ok()
+            .filter(|st| (st.st_dev, st.st_ino) == inode.lower_id())
+            .map(|stat| Created { file: created, stat });
         let fh = match self.open_inode(&inode, true, created) {
             Ok(fh) => fh,
             Err(e) => {

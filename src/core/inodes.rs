@@ -29,7 +29,7 @@ use std::ffi::{OsStr, OsString};
 use std::fs::File;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 pub const ROOT: u64 = 1;
@@ -90,6 +90,10 @@ pub struct Inode {
     /// The logical size of a closed regular file, so a second lookup or getattr does not read
     /// the header again (checked against the lower file's status before use).
     pub closed_size: Mutex<Option<ClosedSize>>,
+    /// The lower inode is known to have no `security.capability`, which the kernel asks for
+    /// before a file's first write and chmod/chown: a file this daemon created, or one the
+    /// lower answered ENODATA for. Any setxattr through densefs forgets it.
+    pub no_capability: AtomicBool,
 }
 
 /// `content` is set while handles are open, and also after the last close when writing it back
@@ -184,6 +188,7 @@ impl InodeTable {
             open: Mutex::new(OpenState::default()),
             local_props: Mutex::new(None),
             closed_size: Mutex::new(None),
+            no_capability: AtomicBool::new(false),
         });
         let mut by_id = HashMap::new();
         by_id.insert(ROOT, Entry { inode: root, lookups: 1 });
@@ -366,6 +371,7 @@ impl InodeTable {
             open: Mutex::new(OpenState::default()),
             local_props: Mutex::new(None),
             closed_size: Mutex::new(None),
+            no_capability: AtomicBool::new(false),
         });
         t.by_id.insert(id, Entry { inode: inode.clone(), lookups });
         drop(t);

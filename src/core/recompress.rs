@@ -73,6 +73,7 @@ impl DenseFs {
         let copy = || -> FsResult<()> {
             let target = Arc::new(Container::create(
                 file.try_clone()?,
+                None,
                 Self::create_settings(&settings),
                 settings.record_policy(),
                 self.engine.clone(),

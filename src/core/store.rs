@@ -183,7 +183,7 @@ impl StoreState {
 }
 
 /// The lower file's modification time, as futimens takes it.
-fn mtime_of(meta: &std::fs::Metadata) -> libc::timespec {
+pub fn mtime_of(meta: &std::fs::Metadata) -> libc::timespec {
     use std::os::unix::fs::MetadataExt;
     libc::timespec { tv_sec: meta.mtime(), tv_nsec: meta.mtime_nsec() }
 }
@@ -255,6 +255,11 @@ impl Store {
     /// The store of a container whose header is `header`, and its state for this run.
     pub fn open(lower: File, header: &Header, label: Option<String>) -> std::io::Result<(Store, StoreState)> {
         let meta = lower.metadata()?;
+        Ok(Store::with_lower(lower, header, label, meta.len(), mtime_of(&meta)))
+    }
+
+    /// As `open`, for a lower file of `lower_len` bytes modified at `mtime`.
+    fn with_lower(lower: File, header: &Header, label: Option<String>, lower_len: u64, mtime: libc::timespec) -> (Store, StoreState) {
         let state = StoreState {
             size: header.size,
             compression: header.setting,
@@ -264,7 +269,7 @@ impl Store {
             tables: HashMap::new(),
             epochs: Epochs::for_run(header),
             healed: HashSet::new(),
-            groups_to_heal: groups_in(meta.len(), header.layout),
+            groups_to_heal: groups_in(lower_len, header.layout),
             announced: false,
             unpersisted: HashSet::new(),
             heal_complete: false,
@@ -274,21 +279,22 @@ impl Store {
             wrote: false,
             checked_size: 0,
             header_on_disk: true,
-            mtime: mtime_of(&meta),
+            mtime,
             ctime: None,
             mtime_to_restore: false,
         };
-        Ok((Store { lower, layout: header.layout, checksum: header.checksum, label }, state))
+        (Store { lower, layout: header.layout, checksum: header.checksum, label }, state)
     }
 
     /// The store of a new, empty container on an empty lower file. Nothing is written until the
     /// file gets data or a size: an empty file stays an empty lower file.
-    pub fn create(lower: File, header: &Header, label: Option<String>) -> std::io::Result<(Store, StoreState)> {
-        let (store, mut state) = Store::open(lower, header, label)?;
+    /// `mtime`: the empty lower file's modification time.
+    pub fn create(lower: File, header: &Header, label: Option<String>, mtime: libc::timespec) -> (Store, StoreState) {
+        let (store, mut state) = Store::with_lower(lower, header, label, 0, mtime);
         // Announced (header written) with its first data or size.
         state.header_on_disk = false;
         state.know_group_0_empty();
-        Ok((store, state))
+        (store, state)
     }
 
     pub fn layout(&self) -> Layout {

@@ -19,10 +19,15 @@ use super::props::{PROPS_XATTR, XATTR_PREFIX};
 use super::{DenseFs, FsError, FsResult};
 use crate::control::{own_key, Control};
 use std::ffi::{CString, OsStr};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 /// A report computed for a size probe is served to the read that follows it.
 const REPORT_REUSE: Duration = Duration::from_secs(10);
+
+/// Asked by the kernel before a file's first write and chmod/chown (to drop it): answered from
+/// `Inode::no_capability` when the lower is known to have none.
+const CAPABILITY: &str = "security.capability";
 
 impl DenseFs {
     /// What the xattr calls take for `nodeid`: its descriptor kept open (in the node) while
@@ -76,10 +81,20 @@ impl DenseFs {
             }
             return self.own_getxattr(nodeid, key, probe);
         }
+        let capability = name == CAPABILITY;
+        if capability && self.inode(nodeid)?.no_capability.load(Ordering::Relaxed) {
+            return Err(FsError::errno(libc::ENODATA));
+        }
         let target = self.xattr_target(nodeid)?;
         let name = cstr(name)?;
         loop {
-            let len = lower::getxattr_on(target.on(), &name, &mut [])?;
+            let len = match lower::getxattr_on(target.on(), &name, &mut []) {
+                Err(e) if capability && e.raw_os_error() == Some(libc::ENODATA) => {
+                    self.inode(nodeid)?.no_capability.store(true, Ordering::Relaxed);
+                    return Err(e.into());
+                }
+                len => len?,
+            };
             let mut buf = vec![0u8; len];
             match lower::getxattr_on(target.on(), &name, &mut buf) {
                 Ok(n) => {
@@ -122,6 +137,7 @@ impl DenseFs {
                 _ => self.set_property(nodeid, key, Some(value.trim())),
             };
         }
+        self.inode(nodeid)?.no_capability.store(false, Ordering::Relaxed);
         let target = self.xattr_target(nodeid)?;
         let name = cstr(name)?;
         lower::setxattr_on(target.on(), &name, value, flags)?;

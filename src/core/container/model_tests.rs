@@ -88,7 +88,7 @@ impl Harness {
         let policy = RecordPolicy { min_savings: MinSavings::ZFS, offload: Offload::Cpu };
         let path = dir.path().join("f0");
         let container =
-            Arc::new(Container::create(open_rw(&path), settings, policy, engine.clone(), memory.clone(), Some("f0".into())).unwrap());
+            Arc::new(Container::create(open_rw(&path), None, settings, policy, engine.clone(), memory.clone(), Some("f0".into())).unwrap());
         Harness { dir, engine, memory, policy, path, crashes: 0, container }
     }
 
@@ -112,7 +112,7 @@ impl Harness {
                     layout: self.container.layout(),
                     checksum: ChecksumKind::Crc32c,
                 };
-                Container::create(file, settings, self.policy, self.engine.clone(), self.memory.clone(), Some("f".into())).unwrap()
+                Container::create(file, None, settings, self.policy, self.engine.clone(), self.memory.clone(), Some("f".into())).unwrap()
             }
         }
     }
