@@ -202,8 +202,8 @@ class Gluster(Deployment):
                 opts = run(enter + ["findmnt", "-n", "-o", "OPTIONS", str(mnt2)], check=False).stdout
                 ro = "ro" in opts.split(",")
                 run(enter + [self.rig.densefs_bin, "umount", str(mnt2)], check=False, timeout=90)
-            r = {"exit": p.returncode, "message": msg[-400:], "read_only": ro}
-            log(f"second densefs over the same Gluster directory: exit {p.returncode}, read-only {ro}: {msg[-300:]}")
+            r = {"exit": p.returncode, "message": msg[:600], "read_only": ro}
+            log(f"second densefs over the same Gluster directory: exit {p.returncode}, read-only {ro}: {msg[:600]}")
             if p.returncode == 0 and not ro:
                 raise Mismatch(f"{self.label}: a second densefs mounted the same Gluster directory writable "
                                f"from another client (it must refuse or mount read-only)")

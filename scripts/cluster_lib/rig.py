@@ -334,8 +334,9 @@ class Deployment:
 
     Subclasses implement setup(), start(), stop() and set `client_dir` (a host directory the workload
     writes to) and, with densefs, `densefs_lowers`. A client that is not a host directory (NFS through
-    libnfs) overrides the I/O methods below instead of setting client_dir; `server_view` is then the
+    libnfs) overrides the I/O methods below instead of setting client_dir, and tree_view() to name the
     directory on a server where the written tree can be checked."""
+    rsync_flags = "-aHAXn"  # what the tree check compares (an engine without xattrs drops the X)
 
     def __init__(self, rig, name, densefs):
         self.rig, self.name, self.densefs = rig, name, densefs

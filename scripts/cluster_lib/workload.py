@@ -161,10 +161,10 @@ def verify_tree(dep, src, mani, rel, when):
     bad = [p for p in mani if got[p] != mani[p]]
     if bad:
         raise Mismatch(f"{dep.label} {when}: {len(bad)} files differ, e.g. {rel}/{bad[0]}")
-    p = run(["rsync", "-aHAXn", "--itemize-changes", "--delete", f"{src}/", f"{view}/"],
+    p = run(["rsync", dep.rsync_flags, "--itemize-changes", "--delete", f"{src}/", f"{view}/"],
             check=False, timeout=600)
     if p.returncode != 0 or p.stdout.strip():
-        raise Mismatch(f"{dep.label} {when}: rsync -aHAXn --itemize-changes (exit {p.returncode}):\n"
+        raise Mismatch(f"{dep.label} {when}: rsync {dep.rsync_flags} --itemize-changes (exit {p.returncode}):\n"
                        + "\n".join(p.stdout.strip().splitlines()[:20]))
 
 
