@@ -219,7 +219,7 @@ class MooseFS(Deployment):
         self.master = MfsDaemon(m, "mfsmaster", self._master_cfg(m))
         self.chunkservers = [MfsDaemon(node, "mfschunkserver", self._chunkserver_cfg(node, hdd))
                              for node, hdd in ((self.rig.node(n), hdd) for n, hdd in zip(CHUNKSERVERS, hdds))]
-        self.rig.cleanup.push(f"daemons of {self.label}", self._stop_servers)
+        self.rig.cleanup.push(f"daemons of {self.label}", self._kill_servers)
         self._start_servers()
         self.rig.cleanup.push(f"mfsmount {self.mfs_mnt}", self._umount_client)
         if self.densefs and self.shape == "client":
@@ -234,6 +234,15 @@ class MooseFS(Deployment):
             self.client_dir = self.mfs_mnt
 
     def _stop_servers(self):
+        stop_daemons(self.chunkservers + [self.master])
+
+    def _kill_servers(self):
+        """Teardown: the data goes with the directory, so no metadata need be saved (3 s less)."""
+        for d in self.chunkservers + [self.master]:
+            if d.proc is not None:
+                d.proc.kill()
+                d.proc.wait()
+                d.proc = None
         stop_daemons(self.chunkservers + [self.master])
 
     def stop(self):
