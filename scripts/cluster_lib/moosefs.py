@@ -116,7 +116,7 @@ class MooseFS(Deployment):
         data = d / "data"
         data.mkdir(parents=True)
         shutil.copy(EMPTY_METADATA, data / "metadata.mfs")  # a new file system starts from the empty image
-        (d / "mfsexports.cfg").write_text("* / rw,alldirs,maproot=0:0\n* . rw\n")
+        (d / "mfsexports.cfg").write_text("* / rw,alldirs,admin,maproot=0:0\n* . rw\n")
         (d / "mfstopology.cfg").write_text("")
         _write_cfg(d / "mfsmaster.cfg", {
             "DATA_PATH": data, "EXPORTS_FILENAME": d / "mfsexports.cfg", "TOPOLOGY_FILENAME": d / "mfstopology.cfg",
