@@ -129,7 +129,7 @@ class Node:
     def __init__(self, rig, name, index, private):
         self.rig, self.name = rig, name
         self.netns = f"{rig.prefix}-{name}"
-        self.host_if = f"{rig.prefix}{name}h"[:15]
+        self.host_if = f"{rig.prefix}-{name}"[:15]  # its peer in the namespace is eth0
         self.addr = rig.address(index)
         self.dir = rig.scratch / "nodes" / name
         self.private = list(private)
@@ -210,7 +210,7 @@ class Rig:
         subnet = subnet or os.environ.get("DENSEFS_CLUSTER_SUBNET") or DEFAULT_SUBNET
         net, self.prefixlen = subnet.split("/")
         self.net = net.rsplit(".", 1)[0]
-        self.bridge = f"{prefix}br"[:15]
+        self.bridge = f"{prefix}-br"[:15]
         self.scratch = Path(scratch or f"/var/tmp/densefs-cluster/{prefix}").resolve()
         self.keep = keep
         self.cleanup = h.Cleanup()
@@ -268,9 +268,9 @@ class Rig:
         for m in mounts_under(self.scratch) if self.scratch.exists() else []:
             log(f"stale mount {m}: unmounting")
             unmount(m)
-        for link in Path("/sys/class/net").iterdir():
-            if link.name.startswith(self.prefix):
-                run(["ip", "link", "del", link.name], check=False)
+        # veths went with their namespaces; only the bridge is left (other prefixes' links untouched)
+        if Path(f"/sys/class/net/{self.bridge}").exists():
+            run(["ip", "link", "del", self.bridge], check=False)
 
     # -- nodes, daemons, mounts
 
