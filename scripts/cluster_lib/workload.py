@@ -264,9 +264,9 @@ def run_one(dep, quick):
     return r
 
 
-def run_pair(rig, name, factory, quick):
-    """`name` without densefs (the baseline), then with; each torn down after its run.
-    Returns (figures list, errors list)."""
+def run_pair(rig, name, factory, quick, keep=False):
+    """`name` without densefs (the baseline), then with; each torn down after its run, but for the
+    densefs one when `keep` (left up for debugging). Returns (figures list, errors list)."""
     results, errors = [], []
     for with_densefs in (False, True):
         mark = rig.mark()
@@ -283,6 +283,6 @@ def run_pair(rig, name, factory, quick):
             results.append({"deployment": name, "densefs": with_densefs, "error": str(e),
                             **dep.extra})
         finally:
-            if not rig.keep:
+            if not (keep and with_densefs):
                 rig.teardown_since(mark)
     return results, errors
