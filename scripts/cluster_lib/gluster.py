@@ -97,11 +97,15 @@ class Gluster(Deployment):
         brick.mkdir(parents=True, exist_ok=True)
         return brick
 
-    def _glusterd(self, node):
-        (node.private_dir("/run") / "gluster").mkdir(exist_ok=True)  # glusterd makes no pid file dir
-        node.spawn(["glusterd", "-N", "-p", "/run/gluster/glusterd.pid", "--log-file=/var/log/glusterfs/glusterd.log"],
-                   node.dir / "glusterd.out")
-        wait_for(f"glusterd on {node.name}", lambda: self.cli(node, "volume", "list", check=False).returncode == 0, 60)
+    def _glusterds(self):
+        """glusterd on every server (all started, then each waited for)."""
+        for node in self.nodes:
+            (node.private_dir("/run") / "gluster").mkdir(exist_ok=True)  # glusterd makes no pid file dir
+            node.spawn(["glusterd", "-N", "-p", "/run/gluster/glusterd.pid",
+                        "--log-file=/var/log/glusterfs/glusterd.log"], node.dir / "glusterd.out")
+        for node in self.nodes:
+            wait_for(f"glusterd on {node.name} (log {node.private_dir('/var/log/glusterfs')}/glusterd.log)",
+                     lambda: self.cli(node, "volume", "list", check=False).returncode == 0, 60)
 
     def cli(self, node, *args, check=True):
         return node.run(["gluster", "--mode=script", *args], check=check, timeout=120)
@@ -118,7 +122,7 @@ class Gluster(Deployment):
     def _start_servers(self):
         for n in self.nodes:
             n.start()
-            self._glusterd(n)
+        self._glusterds()
         wait_for(f"bricks of {self.volume} online", self._bricks_online, 90, 0.5)
 
     def _mount_client(self):
@@ -130,8 +134,7 @@ class Gluster(Deployment):
         self.dir.mkdir(parents=True, exist_ok=True)
         self.bricks = [self._brick_storage(i) for i in (1, 2)]
         self.nodes = [self.rig.node(f"s{i}", PRIVATE) for i in (1, 2)]  # after the brick mounts: they see them
-        for n in self.nodes:
-            self._glusterd(n)
+        self._glusterds()
         s1, s2 = self.nodes
         self.cli(s1, "peer", "probe", s2.addr)
         wait_for("peer s2 connected", lambda: "Connected" in self.cli(s1, "pool", "list", check=False).stdout

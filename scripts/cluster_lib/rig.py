@@ -6,26 +6,33 @@ How a deployment module plugs in (e.g. `cluster_lib/moosefs.py`):
     from .rig import Deployment
 
     class MooseFS(Deployment):
-        def setup(self):        # first start: nodes, daemons, volumes, client mount (all made through self.rig)
-        def start(self):        # start again after stop() (data kept)
-        def stop(self):         # stop every daemon: the engine's and densefs's, all of them
-        # and set self.client_dir (where the workload writes on the host) and, with densefs,
-        # self.densefs_lowers (the lower dirs whose `du` gives the ratio), in setup().
+        def setup(self):   # first start, in self.dir (emptied before): nodes, daemons, client mount,
+                           # all made through self.rig; sets self.client_dir (where the workload writes on
+                           # the host), self.store_dirs (where the servers keep the data) and, with densefs,
+                           # self.densefs_lowers / self.densefs_mounts (the ratio's allocated / logical bytes)
+        def stop(self):    # stop every daemon, the engine's and densefs's, all of them (data kept)
+        def start(self):   # start everything again after stop()
+        def checks(self):  # optional: checks of its own after the workload; figures into self.extra
 
-    DEPLOYMENTS = {"moosefs": lambda rig: MooseFS(rig, "moosefs", densefs=True), ...}
+    PACKAGES = ["moosefs-master", ...]           # apt-get installed when missing
+    DEPLOYMENTS = {"moosefs": lambda rig, densefs: MooseFS(rig, "moosefs", densefs), ...}
 
 `DEPLOYMENTS` maps a name of `scripts/cluster NAME` to a factory `(rig, densefs: bool) -> Deployment`;
-the entry point runs each name twice, with densefs and without (the baseline), and every module in
-cluster_lib that has a DEPLOYMENTS dict is found by itself. Everything a deployment makes goes
-through the rig (`rig.node`, `rig.densefs_mount`, `rig.spawn`, `rig.cleanup.push`), so the rig's
-teardown undoes it on exit, failure or signal; a deployment's own teardown is the rig's
-`teardown_since(mark)`.
+the entry point finds every cluster_lib module that has one and runs each name twice, without densefs
+(the baseline) and with it. Everything a deployment makes goes through the rig (`rig.node`,
+`rig.densefs_mount`, `rig.spawn`, `rig.cleanup.push`), so the rig undoes it after each variant, and on
+exit, failure or signal. A client that is not a host directory (NFS through libnfs) overrides
+write_file/read_file/copy_tree/tree_view instead of setting client_dir; `rsync_flags` says what the
+tree check can compare on that engine.
 
 Nodes: `rig.node("s1", private=["/var/lib/glusterd", "/run"])` makes network namespace PREFIX-s1 with
 its own address on the bridge (subnet .2, .3, ...) and a holder process whose private mount namespace
 binds a per-node directory over each `private` path (for daemons with fixed paths). `node.run(cmd)`
 and `node.spawn(cmd)` run inside both namespaces; `node.stop()` kills every process of the network
-namespace, `node.start()` makes a fresh holder (it sees the host's mounts as they are then).
+namespace, `node.start()` makes a fresh holder. Its mount namespace is a copy of the host's made
+then: mount a brick's densefs before rig.node()/node.start(), and stop the node before unmounting it
+(a copy keeps a FUSE mount alive). FUSE mounts outside rig.scratch are dropped from the copy.
+Addresses: the bridge (the host, where clients run) is .1 of the subnet (a /24), nodes .2, .3, ...
 """
 import os
 import shutil
@@ -129,7 +136,7 @@ class Node:
     def __init__(self, rig, name, index, private):
         self.rig, self.name = rig, name
         self.netns = f"{rig.prefix}-{name}"
-        self.host_if = f"{rig.prefix}{name}h"[:15]
+        self.host_if = f"{rig.prefix}-{name}"[:15]  # its peer in the namespace is eth0
         self.addr = rig.address(index)
         self.dir = rig.scratch / "nodes" / name
         self.private = list(private)
@@ -210,7 +217,7 @@ class Rig:
         subnet = subnet or os.environ.get("DENSEFS_CLUSTER_SUBNET") or DEFAULT_SUBNET
         net, self.prefixlen = subnet.split("/")
         self.net = net.rsplit(".", 1)[0]
-        self.bridge = f"{prefix}br"[:15]
+        self.bridge = f"{prefix}-br"[:15]
         self.scratch = Path(scratch or f"/var/tmp/densefs-cluster/{prefix}").resolve()
         self.keep = keep
         self.cleanup = h.Cleanup()
@@ -268,9 +275,9 @@ class Rig:
         for m in mounts_under(self.scratch) if self.scratch.exists() else []:
             log(f"stale mount {m}: unmounting")
             unmount(m)
-        for link in Path("/sys/class/net").iterdir():
-            if link.name.startswith(self.prefix):
-                run(["ip", "link", "del", link.name], check=False)
+        # veths went with their namespaces; only the bridge is left (other prefixes' links untouched)
+        if Path(f"/sys/class/net/{self.bridge}").exists():
+            run(["ip", "link", "del", self.bridge], check=False)
 
     # -- nodes, daemons, mounts
 

@@ -24,6 +24,7 @@ from .rig import MiB, Mismatch, h, log, run
 
 FASTQ_MIB = {True: 16, False: 192}
 QUICK_TREE_FILES = 300
+FULL_TREE_FILES_EACH = 7000  # of /usr/include and of /usr/share/doc: ~14k files, as the issue's untar
 
 
 def data_dir():
@@ -48,22 +49,27 @@ def fastq(quick):
 
 
 def _copy_some(dst, sources, limit):
-    """Copy regular files, symlinks and dirs of `sources` (first `limit` files, sorted) under dst."""
-    n = 0
+    """Copy regular files, symlinks and dirs of each of `sources` (its first `limit` files, sorted)
+    under dst."""
     for src in sources:
-        for root, dirs, files in os.walk(src):
-            dirs.sort()
-            for name in sorted(files):
-                if limit and n >= limit:
-                    return
-                s = Path(root) / name
-                d = dst / s.relative_to("/")
-                d.parent.mkdir(parents=True, exist_ok=True)
-                if s.is_symlink():
-                    os.symlink(os.readlink(s), d)
-                elif s.is_file():
-                    shutil.copy2(s, d)
-                    n += 1
+        _copy_one(dst, src, limit)
+
+
+def _copy_one(dst, src, limit):
+    n = 0
+    for root, dirs, files in os.walk(src):
+        dirs.sort()
+        for name in sorted(files):
+            if n >= limit:
+                return
+            s = Path(root) / name
+            d = dst / s.relative_to("/")
+            d.parent.mkdir(parents=True, exist_ok=True)
+            if s.is_symlink():
+                os.symlink(os.readlink(s), d)
+            elif s.is_file():
+                shutil.copy2(s, d)
+                n += 1
 
 
 def _specials(top):
@@ -105,7 +111,7 @@ def tree(quick):
         shutil.rmtree(top, ignore_errors=True)
         top.mkdir()
         _copy_some(top, ["/usr/include/linux"] if quick else ["/usr/include", "/usr/share/doc"],
-                   QUICK_TREE_FILES if quick else 0)
+                   QUICK_TREE_FILES if quick else FULL_TREE_FILES_EACH)
         _specials(top)
         os.utime(top, (1.7e9, 1.7e9))
         run(["tar", "--xattrs", "--xattrs-include=user.*", "-cf", f"{tar}.tmp", "-C", str(top), "."], timeout=1800)
@@ -258,9 +264,9 @@ def run_one(dep, quick):
     return r
 
 
-def run_pair(rig, name, factory, quick):
-    """`name` without densefs (the baseline), then with; each torn down after its run.
-    Returns (figures list, errors list)."""
+def run_pair(rig, name, factory, quick, keep=False):
+    """`name` without densefs (the baseline), then with; each torn down after its run, but for the
+    densefs one when `keep` (left up for debugging). Returns (figures list, errors list)."""
     results, errors = [], []
     for with_densefs in (False, True):
         mark = rig.mark()
@@ -277,6 +283,6 @@ def run_pair(rig, name, factory, quick):
             results.append({"deployment": name, "densefs": with_densefs, "error": str(e),
                             **dep.extra})
         finally:
-            if not rig.keep:
+            if not (keep and with_densefs):
                 rig.teardown_since(mark)
     return results, errors
