@@ -186,10 +186,10 @@ class MooseFS(Deployment):
 
     def _mount_client(self):
         self.mfs_mnt.mkdir(exist_ok=True)
-        self.mfsmount = subprocess.Popen(
-            ["mfsmount", "-f", "-H", self.master.node.addr, str(self.mfs_mnt)],
-            stdin=subprocess.DEVNULL, stdout=open(self.dir / "mfsmount.log", "ab"), stderr=subprocess.STDOUT,
-            start_new_session=True)
+        with open(self.dir / "mfsmount.log", "ab") as logf:
+            self.mfsmount = subprocess.Popen(["mfsmount", "-f", "-H", self.master.node.addr, str(self.mfs_mnt)],
+                                             stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT,
+                                             start_new_session=True)
         wait_for(f"mfsmount {self.mfs_mnt}", self._client_ready, 60)
         if self.densefs and self.shape == "client":
             self.rig.densefs_mount(self.densefs_lowers[0], self.densefs_mounts[0])
@@ -307,12 +307,13 @@ class MooseFS(Deployment):
     def _chunk_bytes(self, path):
         """Bytes allocated on the chunkservers' disks (densefs's lowers, or the chunk dirs) for the
         chunks of one MooseFS file, all copies."""
-        ids = re.findall(r"chunk \d+: ([0-9A-F]{16})_", run(["mfsfileinfo", str(path)], timeout=60).stdout)
-        total = 0
-        for store in self.store_dirs:
-            for cid in ids:
-                total += sum(du_bytes(p) for p in Path(store).glob(f"*/chunk_{cid}_*.mfs"))
-        return total
+        info = run(["mfsfileinfo", str(path)], timeout=60).stdout
+        ids = re.findall(r"chunk \d+: ([0-9A-F]{16})_", info)
+        files = [p for store in self.store_dirs for cid in ids for p in Path(store).glob(f"*/chunk_{cid}_*.mfs")]
+        if not ids or len(files) != len(ids) * self._goal():
+            raise RuntimeError(f"{self.label}: {len(files)} chunk files on the chunkservers for {path}, "
+                               f"expected {len(ids)} chunks x goal {self._goal()}:\n{info[-600:]}")
+        return sum(du_bytes(p) for p in files)
 
 
 def file_bytes(top):
