@@ -7,6 +7,12 @@ symlink, link, chmod, utimes: NfsTree below, as the tools have no mkdir), so dir
 and times cross the wire. NFSv3 carries no extended attributes or ACLs, so the tree is checked on the
 server side (the exported directory) with `rsync -aHn` and sha256; user.* xattrs are not compared.
 ganesha registers with an rpcbind of its node (libnfs finds the ports through it).
+
+ganesha's fd cache is capped (MDCACHE FD_HWMark_Percent 20, reaped every second; both variants):
+by default it keeps a descriptor open on every file it wrote, up to 90% of its limit, and densefs
+needs two descriptors per such file (the open lower file, the inode's O_PATH), so with one
+RLIMIT_NOFILE for both (20000 here, where densefs lacks CAP_SYS_RESOURCE to raise it) the full tree
+made densefs fail CREATE with EMFILE (ganesha: NFS3ERR_IO) at ~9.8k files held open.
 """
 import ctypes
 import os
@@ -39,6 +45,11 @@ EXPORT {{
     Transports = TCP;
     SecType = sys;
     FSAL {{ Name = VFS; }}
+}}
+MDCACHE {{
+    FD_HWMark_Percent = 20;
+    FD_LWMark_Percent = 10;
+    LRU_Run_Interval = 1;
 }}
 LOG {{ Default_Log_Level = EVENT; }}
 """
