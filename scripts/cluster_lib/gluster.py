@@ -142,9 +142,13 @@ class Gluster(Deployment):
         wait_for("peer s1 known to s2", lambda: self.cli(s2, "peer", "status", check=False).stdout.count("Connected") == 1, 60)
         kind = ["replica", str(self.replica)] if self.replica > 1 else []
         bricks = [f"{n.addr}:{b}" for n, b in zip(self.nodes, self.bricks)]
+        log(f"{self.label}: peers connected")
         self.cli(s1, "volume", "create", self.volume, *kind, "transport", "tcp", *bricks, "force")
+        log(f"{self.label}: volume created")
         self.cli(s1, "volume", "start", self.volume)
+        log(f"{self.label}: volume started")
         wait_for(f"bricks of {self.volume} online", self._bricks_online, 90, 0.5)
+        log(f"{self.label}: bricks online")
         self.client = GlusterClient(s1.addr, self.volume, self.dir / "client", self.dir / "client.log")
         self.rig.cleanup.push(f"glusterfs client {self.client.mnt}", self.client.umount)
         if self.densefs and self.shape == "client":
