@@ -265,6 +265,11 @@ class Rig:
         self.nodes = {}
 
     def clean_stale(self):
+        # Clients first, while their servers still answer: a network client (mfsmount) whose
+        # servers are gone blocks its unmount, and a densefs over it its write-back, for minutes.
+        for m in mounts_under(self.scratch) if self.scratch.exists() else []:
+            if run(["umount", m], check=False, timeout=60).returncode == 0:
+                log(f"stale mount {m}: unmounted")
         for ns in run(["ip", "netns", "list"], check=False).stdout.split("\n"):
             name = ns.split(" ")[0]
             if name.startswith(f"{self.prefix}-"):
