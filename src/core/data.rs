@@ -4,6 +4,7 @@
 use super::container::{Container, ReadBytes};
 use super::inodes::{Content, Node};
 use super::lower::{self, cstr};
+use super::props::PropertyValues;
 use super::{Attr, Caller, DenseFs, FsError, FsResult, Handle};
 use std::ffi::OsStr;
 use std::fs::File;
@@ -94,18 +95,8 @@ impl DenseFs {
         let file = match created {
             // A new file: nothing to probe (a network lower answers each call a round trip later).
             Some(Created { file, stat }) if stat.st_size == 0 => {
-                let settings = settings();
                 let mtime = libc::timespec { tv_sec: stat.st_mtime, tv_nsec: stat.st_mtime_nsec };
-                let c = Container::create(
-                    file,
-                    Some(mtime),
-                    Self::create_settings(&settings),
-                    settings.record_policy(),
-                    self.engine.clone(),
-                    self.memory.clone(),
-                    None,
-                )?;
-                return Ok(Content::Container(Arc::new(c)));
+                return self.new_container(file, Some(mtime), &settings());
             }
             Some(Created { file, .. }) => file,
             None if writable => lower::reopen(inode.raw_fd(), libc::O_RDWR)?,
@@ -124,18 +115,7 @@ impl DenseFs {
                 let c = Container::open(file, header, settings.record_policy(), self.engine.clone(), self.memory.clone(), None, writable)?;
                 Ok(Content::Container(Arc::new(c)))
             }
-            Ok(None) if writable && file.metadata()?.len() == 0 => {
-                let c = Container::create(
-                    file,
-                    None,
-                    Self::create_settings(&settings),
-                    settings.record_policy(),
-                    self.engine.clone(),
-                    self.memory.clone(),
-                    None,
-                )?;
-                Ok(Content::Container(Arc::new(c)))
-            }
+            Ok(None) if writable && file.metadata()?.len() == 0 => self.new_container(file, None, &settings),
             Ok(None) => Ok(Content::Plain(Arc::new(file))),
             Err(e) => {
                 let label = self.label(inode);
@@ -143,6 +123,20 @@ impl DenseFs {
                 Err(FsError::corrupt(format!("{label}: {e}")))
             }
         }
+    }
+
+    /// An empty container on an empty lower file (`empty_since`: as for `Container::create`).
+    fn new_container(&self, file: File, empty_since: Option<libc::timespec>, settings: &PropertyValues) -> FsResult<Content> {
+        let c = Container::create(
+            file,
+            empty_since,
+            Self::create_settings(settings),
+            settings.record_policy(),
+            self.engine.clone(),
+            self.memory.clone(),
+            None,
+        )?;
+        Ok(Content::Container(Arc::new(c)))
     }
 
     /// `created`: as for `load_content`.

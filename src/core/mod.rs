@@ -141,7 +141,8 @@ pub struct DenseFs {
     inodes: InodeTable,
     handles: Mutex<HashMap<u64, Arc<Handle>>>,
     next_handle: AtomicU64,
-    is_root: bool,
+    /// The daemon's effective (uid, gid): what the lower gives the entries it creates.
+    daemon_ids: (u32, u32),
     /// The last report computed for a size probe: (node, name, when, JSON).
     last_report: Mutex<Option<CachedReport>>,
 }
@@ -177,7 +178,7 @@ impl DenseFs {
             inodes: InodeTable::new(fd, st.st_dev, st.st_ino, fd_budget()),
             handles: Mutex::new(HashMap::new()),
             next_handle: AtomicU64::new(1),
-            is_root: lower::geteuid() == 0,
+            daemon_ids: (lower::geteuid(), lower::getegid()),
             last_report: Mutex::new(None),
         })
     }

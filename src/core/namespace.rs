@@ -108,11 +108,9 @@ impl DenseFs {
     /// Gives a just-created entry to the caller (the daemon runs as root) and looks it up.
     pub(super) fn adopt(&self, parent: u64, name: &OsStr, caller: Caller) -> FsResult<Attr> {
         let dir = self.inode(parent)?;
-        // SAFETY: geteuid and getegid have no preconditions and cannot fail.
-        let (euid, egid) = unsafe { (libc::geteuid(), libc::getegid()) };
         // The lower file system made the entry as the daemon; a caller who is the daemon's own
         // user and group needs no chown (one round trip less on a network lower).
-        if self.is_root && (caller.uid, caller.gid) != (euid, egid) {
+        if self.daemon_ids.0 == 0 && (caller.uid, caller.gid) != self.daemon_ids {
             let dir_st = lower::stat_fd(dir.raw_fd())?;
             // Under a setgid directory the lower file system already chose the group.
             let gid = if dir_st.st_mode & libc::S_ISGID != 0 { u32::MAX } else { caller.gid };

@@ -81,16 +81,19 @@ impl DenseFs {
             }
             return self.own_getxattr(nodeid, key, probe);
         }
-        let capability = name == CAPABILITY;
-        if capability && self.inode(nodeid)?.no_capability.load(Ordering::Relaxed) {
+        // The inode whose `no_capability` answers for the lower, when the name is the capability.
+        let capability = if name == CAPABILITY { Some(self.inode(nodeid)?) } else { None };
+        if capability.as_ref().is_some_and(|i| i.no_capability.load(Ordering::Relaxed)) {
             return Err(FsError::errno(libc::ENODATA));
         }
         let target = self.xattr_target(nodeid)?;
         let name = cstr(name)?;
         loop {
             let len = match lower::getxattr_on(target.on(), &name, &mut []) {
-                Err(e) if capability && e.raw_os_error() == Some(libc::ENODATA) => {
-                    self.inode(nodeid)?.no_capability.store(true, Ordering::Relaxed);
+                Err(e) if e.raw_os_error() == Some(libc::ENODATA) => {
+                    if let Some(inode) = &capability {
+                        inode.no_capability.store(true, Ordering::Relaxed);
+                    }
                     return Err(e.into());
                 }
                 len => len?,

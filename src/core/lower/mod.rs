@@ -203,6 +203,11 @@ pub fn geteuid() -> u32 {
     unsafe { libc::geteuid() }
 }
 
+pub fn getegid() -> u32 {
+    // SAFETY: getegid has no preconditions and cannot fail.
+    unsafe { libc::getegid() }
+}
+
 /// The soft limit on open descriptors (getrlimit RLIMIT_NOFILE).
 pub fn nofile_limit() -> io::Result<u64> {
     let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
