@@ -172,14 +172,10 @@ class Gluster(Deployment):
         self.client.umount()
         for n in self.nodes:
             n.stop()
-        for _lower, mnt in self.brick_mounts:
-            self.rig.densefs_umount(mnt)
-            if mounted(mnt):
-                raise RuntimeError(f"densefs brick {mnt} is still mounted after stopping")
+        self.umount_under(self.brick_mounts)
 
     def start(self):
-        for lower, mnt in self.brick_mounts:
-            self.rig.densefs_mount(lower, mnt)
+        self.mount_under(self.brick_mounts)
         self._start_servers()
         self._mount_client()
 

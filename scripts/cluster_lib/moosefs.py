@@ -250,14 +250,10 @@ class MooseFS(Deployment):
         self.chunks_held = self._chunks_by_server()
         self._umount_client()
         self._stop_servers()
-        for _lower, mnt in self.chunk_mounts:
-            self.rig.densefs_umount(mnt)
-            if mounted(mnt):
-                raise RuntimeError(f"densefs under the chunks {mnt} is still mounted after stopping")
+        self.umount_under(self.chunk_mounts)
 
     def start(self):
-        for lower, mnt in self.chunk_mounts:
-            self.rig.densefs_mount(lower, mnt)
+        self.mount_under(self.chunk_mounts)
         self._start_servers()
         self._mount_client()
 

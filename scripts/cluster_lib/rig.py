@@ -373,6 +373,21 @@ class Deployment:
         """Deployment-specific checks run after the workload (e.g. a second client); fill self.extra,
         raise Mismatch on failure."""
 
+    # -- densefs under the engine's storage (bricks, chunk directories)
+
+    def mount_under(self, mounts):
+        """densefs on each (lower, mount point) the servers keep their data in."""
+        for lower, mnt in mounts:
+            self.rig.densefs_mount(lower, mnt)
+
+    def umount_under(self, mounts):
+        """Each of them unmounted once the servers are down; one that stays mounted fails the run
+        (the restart would not be a restart of densefs)."""
+        for _lower, mnt in mounts:
+            self.rig.densefs_umount(mnt)
+            if mounted(mnt):
+                raise RuntimeError(f"{self.label}: densefs under the engine's storage {mnt} is still mounted after stopping")
+
     # -- I/O the workload uses; a host directory by default
 
     def write_file(self, src, rel):
