@@ -376,3 +376,119 @@ fn xattrs_of_files_met_in_a_listing() {
     assert_eq!(fs::read(&file).unwrap(), compressible(10_000, 1));
     m.unmount();
 }
+
+/// How many descriptors the daemon (the foreground `densefs mount` child) has open.
+fn daemon_fds(m: &Mount) -> usize {
+    let pid = m.child.as_ref().expect("daemon running").id();
+    fs::read_dir(format!("/proc/{pid}/fd")).unwrap().count()
+}
+
+/// An open file costs the daemon one descriptor: its content reads and writes through the
+/// inode's own. A server that keeps thousands of files open (nfs-ganesha's descriptor cache)
+/// otherwise ran the daemon out of descriptors at half its limit.
+#[test]
+fn an_open_file_costs_the_daemon_one_descriptor() {
+    const FILES: usize = 300;
+    const SLACK: usize = 20;
+    let d = Dirs::new();
+    let m = Mount::new(&d.lower, &d.mnt, "compression=lz4");
+    let data = |i: usize| compressible(3000 + 7 * i, i as u64);
+    let before = daemon_fds(&m);
+    let mut writers: Vec<fs::File> =
+        (0..FILES).map(|i| OpenOptions::new().create_new(true).read(true).write(true).open(m.path(&format!("f{i}"))).unwrap()).collect();
+    for (i, f) in writers.iter_mut().enumerate() {
+        f.write_all(&data(i)).unwrap();
+    }
+    let created = daemon_fds(&m) - before;
+    assert!(created <= FILES + SLACK, "{FILES} files created and held open cost the daemon {created} descriptors");
+    // Readers of the same open files share them too, and see the writers' bytes.
+    let readers: Vec<fs::File> = (0..FILES).map(|i| fs::File::open(m.path(&format!("f{i}"))).unwrap()).collect();
+    for (i, mut f) in readers.iter().enumerate() {
+        let mut got = Vec::new();
+        std::io::Read::read_to_end(&mut f, &mut got).unwrap();
+        assert!(got == data(i), "f{i} read back while its writer holds it open");
+    }
+    let both = daemon_fds(&m) - before;
+    assert!(both <= created + SLACK, "readers of {FILES} open files added {} descriptors", both - created);
+    drop(writers);
+    drop(readers);
+    m.unmount();
+
+    // After a remount: files first met in a listing (opened there to read their headers), then
+    // opened to read and to write, keep the listing's descriptor.
+    let m = Mount::new(&d.lower, &d.mnt, "compression=lz4");
+    let before = daemon_fds(&m);
+    let listing = long_listing(&m.mnt);
+    for i in 0..FILES {
+        assert_eq!(listing[&format!("f{i}")].1, data(i).len() as u64, "f{i}'s size in a listing");
+    }
+    let listed = daemon_fds(&m) - before;
+    let readers: Vec<fs::File> = (0..FILES).map(|i| fs::File::open(m.path(&format!("f{i}"))).unwrap()).collect();
+    let writers: Vec<fs::File> = (0..FILES).map(|i| OpenOptions::new().append(true).open(m.path(&format!("f{i}"))).unwrap()).collect();
+    for (i, mut f) in writers.iter().enumerate() {
+        f.write_all(format!("+{i}").as_bytes()).unwrap();
+    }
+    for (i, mut f) in readers.iter().enumerate() {
+        let mut got = Vec::new();
+        std::io::Read::read_to_end(&mut f, &mut got).unwrap();
+        let mut want = data(i);
+        want.extend_from_slice(format!("+{i}").as_bytes());
+        assert!(got == want, "f{i} read through a reader opened before a writer appended");
+    }
+    let open = daemon_fds(&m) - before;
+    assert!(open <= listed + SLACK, "{FILES} listed files, opened to read and to write: {listed} → {open} descriptors");
+    drop(writers);
+    drop(readers);
+    m.unmount();
+    let m = Mount::new(&d.lower, &d.mnt, "compression=lz4");
+    for i in 0..FILES {
+        let mut want = data(i);
+        want.extend_from_slice(format!("+{i}").as_bytes());
+        assert!(fs::read(m.path(&format!("f{i}"))).unwrap() == want, "f{i} after a remount");
+    }
+}
+
+/// A read through the mount moves the file's access time as a read on the lower does (the
+/// descriptor a listing opened for the daemon's header reads, which leaves it alone, serves the
+/// reader too), and the daemon's own header reads still leave it alone.
+#[test]
+fn a_reader_moves_the_access_time_as_on_the_lower_and_a_listing_does_not() {
+    let d = Dirs::new();
+    let long_ago = libc::timespec { tv_sec: 1_000_000_000, tv_nsec: 0 };
+    let set_atime = |path: &Path| {
+        let c = CString::new(path.as_os_str().as_bytes()).unwrap();
+        let times = [long_ago, libc::timespec { tv_sec: 0, tv_nsec: libc::UTIME_OMIT }];
+        assert_eq!(unsafe { libc::utimensat(libc::AT_FDCWD, c.as_ptr(), times.as_ptr(), 0) }, 0);
+    };
+    // The control: does a read on the lower file system move an old access time at all
+    // (relatime, strictatime), or is it mounted noatime?
+    let control = d.root.path().join("control");
+    fs::write(&control, b"control").unwrap();
+    set_atime(&control);
+    fs::read(&control).unwrap();
+    let lower_moves_atime = fs::metadata(&control).unwrap().atime() != long_ago.tv_sec;
+
+    let m = Mount::new(&d.lower, &d.mnt, "compression=lz4");
+    for name in ["a", "b"] {
+        fs::write(m.path(name), compressible(20_000, 3)).unwrap();
+        set_atime(&m.path(name));
+    }
+    m.unmount();
+    let m = Mount::new(&d.lower, &d.mnt, "compression=lz4");
+    // The listing reads both headers (logical sizes).
+    let listing = long_listing(&m.mnt);
+    assert_eq!(listing["a"].1, 20_000);
+    assert_eq!(fs::metadata(d.lower.join("a")).unwrap().atime(), long_ago.tv_sec, "a listing moved the access time");
+    fs::read(m.path("b")).unwrap();
+    if lower_moves_atime {
+        assert_ne!(fs::metadata(d.lower.join("b")).unwrap().atime(), long_ago.tv_sec, "a read through the mount left the access time");
+    }
+    // Once the reader has closed it, the daemon's header reads leave b's access time alone again
+    // (the new ctime makes a fresh stat read the header).
+    set_atime(&m.path("b"));
+    assert_eq!(fresh_size(&m.path("b")), 20_000);
+    m.unmount();
+    for name in ["a", "b"] {
+        assert_eq!(fs::metadata(d.lower.join(name)).unwrap().atime(), long_ago.tv_sec, "the daemon's reads moved {name}'s access time");
+    }
+}

@@ -157,7 +157,7 @@ impl Container {
     /// file gets data or a size: an empty file stays an empty lower file. `empty_since`: the
     /// caller knows the lower file is empty and since when (its mtime), saving a stat.
     pub fn create(
-        lower: File,
+        lower: impl Into<Arc<File>>,
         empty_since: Option<libc::timespec>,
         settings: CreateSettings,
         policy: RecordPolicy,
@@ -165,6 +165,7 @@ impl Container {
         memory: Arc<Memory>,
         label: Option<String>,
     ) -> FsResult<Container> {
+        let lower = lower.into();
         let mtime = match empty_since {
             Some(mtime) => mtime,
             None => {
@@ -192,7 +193,7 @@ impl Container {
     /// A container found on the lower file. `writable`: opened for writing, so what a crash
     /// left past the end of file is dropped now; a reader leaves that to the first writer.
     pub fn open(
-        lower: File,
+        lower: impl Into<Arc<File>>,
         header: Header,
         policy: RecordPolicy,
         engine: Arc<Engine>,
@@ -200,7 +201,7 @@ impl Container {
         label: Option<String>,
         writable: bool,
     ) -> FsResult<Container> {
-        let (store, state) = Store::open(lower, &header, label)?;
+        let (store, state) = Store::open(lower.into(), &header, label)?;
         let container = Container::assemble(store, state, policy, engine, memory);
         container.state.lock().pending_discard = Some(header.layout.plain_size_to_records(header.size));
         if writable {
@@ -255,9 +256,9 @@ impl Container {
         self.state.lock().store.times()
     }
 
-    /// The user set the lower's times (utimensat): take them as the file's own.
-    pub fn times_set_by_user(&self) -> FsResult<()> {
-        self.store.times_set_by_user(&mut self.state.lock().store)
+    /// The user set the lower's times (utimensat), giving it this mtime: take it as the file's own.
+    pub fn times_set_by_user(&self, mtime: libc::timespec) {
+        self.store.times_set_by_user(&mut self.state.lock().store, mtime)
     }
 
     /// A user operation changed the file without changing its bytes (fallocate: ext4 moves
@@ -280,6 +281,11 @@ impl Container {
 
     pub fn lower_file(&self) -> &File {
         self.store.lower()
+    }
+
+    /// The lower file, to share its descriptor with the inode table.
+    pub fn lower_shared(&self) -> &Arc<File> {
+        self.store.lower_shared()
     }
 
     /// Whether closing needs a sync to free old copies.

@@ -10,18 +10,23 @@ use std::ffi::OsStr;
 use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 impl Content {
+    /// The lower file it reads and writes through.
+    fn file(&self) -> &Arc<File> {
+        match self {
+            Content::Container(c) => c.lower_shared(),
+            Content::Plain(f) => f,
+        }
+    }
+
     /// Names the lower file still has (0: unlinked, reachable only through open handles).
     fn lower_links(&self) -> u64 {
         use std::os::unix::fs::MetadataExt;
-        let file = match self {
-            Content::Container(c) => c.lower_file(),
-            Content::Plain(f) => f,
-        };
-        file.metadata().map_or(1, |m| m.nlink())
+        self.file().metadata().map_or(1, |m| m.nlink())
     }
 
     /// A handle opens the file for writing: make the lower file writable under every holder.
@@ -75,12 +80,6 @@ fn timespec(t: Option<SetTime>) -> libc::timespec {
     }
 }
 
-/// A lower file `create` just opened read-write, and its stat.
-pub(super) struct Created {
-    file: File,
-    stat: libc::stat,
-}
-
 /// How much of a lower file's start a reader's open reads ahead: the header and first records.
 const READER_START: u64 = 128 * 1024;
 
@@ -88,25 +87,18 @@ impl DenseFs {
     /// Builds the shared content of a regular file: a container, or the plain lower file.
     /// An empty lower file opened for writing becomes a container (it has nothing to preserve).
     /// Readers open the lower file read-only: reading never writes (a writer's open upgrades it).
-    /// `created`: the lower file as `create` opened it (read-write), used instead of a reopen,
-    /// with its stat.
-    pub(super) fn load_content(&self, inode: &Node, writable: bool, created: Option<Created>) -> FsResult<Content> {
+    /// `created`: the inode's descriptor is the lower file `create` just opened read-write,
+    /// and this is its stat.
+    pub(super) fn load_content(&self, inode: &Node, writable: bool, created: Option<libc::stat>) -> FsResult<Content> {
         let settings = || self.settings_in(self.inodes.parent_of(inode.nodeid).unwrap_or(super::ROOT));
         let file = match created {
             // A new file: nothing to probe (a network lower answers each call a round trip later).
-            Some(Created { file, stat }) if stat.st_size == 0 => {
+            Some(stat) if stat.st_size == 0 => {
                 let mtime = libc::timespec { tv_sec: stat.st_mtime, tv_nsec: stat.st_mtime_nsec };
-                return self.new_container(file, Some(mtime), &settings());
+                return self.new_container(inode.file().clone(), Some(mtime), &settings());
             }
-            Some(Created { file, .. }) => file,
-            None if writable => lower::reopen(inode.raw_fd(), libc::O_RDWR)?,
-            None => {
-                let file = lower::reopen_read(inode.raw_fd(), self.options.noatime)?;
-                // A reader reads the header, then the first records: one read of the lower
-                // file's start brings both (a small file whole), where two would wait in turn.
-                let _ = lower::will_need(&file, 0, READER_START);
-                file
-            }
+            Some(_) => inode.file().clone(),
+            None => self.content_file(inode, writable)?,
         };
         // The properties of the directory the file is in decide how it is written.
         let settings = settings();
@@ -116,7 +108,7 @@ impl DenseFs {
                 Ok(Content::Container(Arc::new(c)))
             }
             Ok(None) if writable && file.metadata()?.len() == 0 => self.new_container(file, None, &settings),
-            Ok(None) => Ok(Content::Plain(Arc::new(file))),
+            Ok(None) => Ok(Content::Plain(file)),
             Err(e) => {
                 let label = self.label(inode);
                 tracing::error!(file = %label, "not a readable densefs container: {e}");
@@ -125,8 +117,33 @@ impl DenseFs {
         }
     }
 
+    /// The lower file a content reads and writes through. The inode's own descriptor serves
+    /// where it is open for reading (made writable in place for a writer): a reopen is one more
+    /// call on the lower, a round trip on a network one. Else the inode is reopened.
+    fn content_file(&self, inode: &Node, writable: bool) -> FsResult<Arc<File>> {
+        if inode.readable_fd().is_some() {
+            let file = inode.file().clone();
+            if writable {
+                lower::upgrade_to_write(&file, inode.raw_fd())?;
+            } else {
+                // Opened for the daemon's header reads (O_NOATIME); a reader's reads are the user's.
+                lower::set_noatime(&file, self.options.noatime)?;
+                let _ = lower::will_need(&file, 0, READER_START);
+            }
+            return Ok(file);
+        }
+        if writable {
+            return Ok(Arc::new(lower::reopen(inode.raw_fd(), libc::O_RDWR)?));
+        }
+        let file = lower::reopen_read(inode.raw_fd(), self.options.noatime)?;
+        // A reader reads the header, then the first records: one read of the lower file's
+        // start brings both (a small file whole), where two would wait in turn.
+        let _ = lower::will_need(&file, 0, READER_START);
+        Ok(Arc::new(file))
+    }
+
     /// An empty container on an empty lower file (`empty_since`: as for `Container::create`).
-    fn new_container(&self, file: File, empty_since: Option<libc::timespec>, settings: &PropertyValues) -> FsResult<Content> {
+    fn new_container(&self, file: Arc<File>, empty_since: Option<libc::timespec>, settings: &PropertyValues) -> FsResult<Content> {
         let c = Container::create(
             file,
             empty_since,
@@ -140,7 +157,7 @@ impl DenseFs {
     }
 
     /// `created`: as for `load_content`.
-    fn open_inode(&self, inode: &Node, writable: bool, created: Option<Created>) -> FsResult<u64> {
+    fn open_inode(&self, inode: &Node, writable: bool, created: Option<libc::stat>) -> FsResult<u64> {
         let mut open = inode.open.lock();
         let content = match &open.content {
             Some(c) => {
@@ -155,6 +172,7 @@ impl DenseFs {
                 c
             }
         };
+        self.inodes.share(inode, content.file());
         open.handles += 1;
         Ok(self.new_handle(Handle::File { inode: inode.inode.clone(), content, writable }))
     }
@@ -182,29 +200,52 @@ impl DenseFs {
         }
         let dir = self.inode(parent)?;
         let c = cstr(name)?;
-        let lower_flags = libc::O_CREAT | libc::O_RDWR | libc::O_NOFOLLOW | libc::O_CLOEXEC | (flags & libc::O_EXCL);
-        let created = lower::openat(dir.raw_fd(), &c, lower_flags, mode)?;
-        let attr = self.adopt(parent, name, caller)?;
-        let inode = self.inode(attr.ino)?;
+        // O_NOATIME: the daemon's own reads of the new file (records it rewrites, later header
+        // reads through this descriptor) leave its access time alone; a reader's turn it off.
+        let lower_flags = libc::O_CREAT | libc::O_RDWR | libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NOATIME | (flags & libc::O_EXCL);
+        let created = match lower::openat(dir.raw_fd(), &c, lower_flags, mode) {
+            // An existing file the daemon does not own (O_CREAT without O_EXCL, daemon not root).
+            Err(e) if e.raw_os_error() == Some(libc::EPERM) => lower::openat(dir.raw_fd(), &c, lower_flags & !libc::O_NOATIME, mode),
+            other => other,
+        };
+        let created = Arc::new(created?);
+        self.give_to_caller(&dir, caller, |uid, gid| lower::fchown(&created, uid, gid))?;
+        // The descriptor just opened is the inode's and serves its content: no lookup by name,
+        // no second open (each a round trip on a network lower).
+        let stat = lower::stat_fd(created.as_raw_fd())?;
+        let nodeid = self.inodes.remember_created(parent, name, &created, &stat).nodeid;
+        let inode = match self.inode(nodeid) {
+            Ok(inode) => inode,
+            Err(e) => {
+                self.forget(nodeid, 1);
+                return Err(e);
+            }
+        };
         // A new file has no capabilities (none are inherited); the kernel asks before it writes.
-        inode.no_capability.store(lower_flags & libc::O_EXCL != 0, std::sync::atomic::Ordering::Relaxed);
-        // The descriptor just opened serves the file (saving a reopen), unless the name no longer
-        // reaches that inode (renamed meanwhile on the lower).
-        let created = lower::stat_fd(created.as_raw_fd())
-            .ok()
-            .filter(|st| (st.st_dev, st.st_ino) == inode.lower_id())
-            .map(|stat| Created { file: created, stat });
-        let fh = match self.open_inode(&inode, true, created) {
+        inode.no_capability.store(lower_flags & libc::O_EXCL != 0, Ordering::Relaxed);
+        // Unless the table already knew the inode (O_CREAT of an existing file) and kept its own.
+        let fresh = Arc::ptr_eq(inode.file(), &created).then_some(stat);
+        drop(created);
+        let fh = match self.open_inode(&inode, true, fresh) {
             Ok(fh) => fh,
             Err(e) => {
-                self.forget(attr.ino, 1);
+                self.forget(nodeid, 1);
                 return Err(e);
             }
         };
         if flags & libc::O_TRUNC != 0 {
-            self.truncate_content(&self.file_content(fh)?, 0)?;
+            if let Err(e) = self.truncate_content(&self.file_content(fh)?, 0) {
+                self.release(fh);
+                self.forget(nodeid, 1);
+                return Err(e);
+            }
         }
-        Ok((self.attr_of(&inode)?, fh))
+        let attr = match fresh {
+            // Nothing has changed on the lower since that stat.
+            Some(stat) if stat.st_size == 0 => self.attr_with(&inode, &stat)?,
+            _ => self.attr_of(&inode)?,
+        };
+        Ok((attr, fh))
     }
 
     fn file_content(&self, fh: u64) -> FsResult<Content> {
@@ -253,6 +294,9 @@ impl DenseFs {
     pub fn flush(&self, fh: u64) -> FsResult<()> {
         let handle = self.handle(fh)?;
         match &*handle {
+            // Unlinked: nobody can open it again, so its data is not landed (the handles still
+            // open read it from memory, and the last close lets it go).
+            Handle::File { inode, content, .. } if inode.lost_a_name.load(Ordering::Relaxed) && content.lower_links() == 0 => Ok(()),
             Handle::File { content: Content::Container(c), writable: true, .. } => c.flush(),
             _ => Ok(()),
         }
@@ -275,20 +319,26 @@ impl DenseFs {
         if open.handles > 0 {
             return;
         }
-        if open.content.as_ref().is_some_and(|c| c.lower_links() == 0) {
+        if inode.lost_a_name.load(Ordering::Relaxed) && open.content.as_ref().is_some_and(|c| c.lower_links() == 0) {
             // Unlinked while open: nobody can read it again, so nothing is written back and
             // its space comes back now.
             open.content = None;
             return;
         }
-        if let Some(Content::Container(c)) = open.content.take() {
+        let Some(content) = open.content.take() else { return };
+        let file = content.file().clone();
+        if let Content::Container(c) = content {
             let result = if c.has_stale() { c.sync(true) } else { c.flush() };
             if let Err(e) = result {
                 // Keep the data in memory (readable, retried by background writeback).
                 tracing::error!(inode = inode.nodeid, "writing back at close failed; the data stays in memory and is retried: {e}");
                 open.content = Some(Content::Container(c));
+                return;
             }
         }
+        // The descriptor stays the inode's (`InodeTable::share`) and from now on serves the
+        // daemon's own header reads, which leave the access time alone.
+        let _ = lower::set_noatime(&file, true);
     }
 
     /// After an unlink or a rename over it: a file no name reaches any more and no handle has open
@@ -296,6 +346,7 @@ impl DenseFs {
     /// is closed and its space comes back at once.
     pub(super) fn let_go_if_unlinked(&self, dev: u64, ino: u64) {
         let Some(inode) = self.inodes.find(dev, ino) else { return };
+        inode.lost_a_name.store(true, Ordering::Relaxed);
         let mut open = inode.open.lock();
         if open.handles > 0 || open.content.as_ref().is_none_or(|c| c.lower_links() != 0) {
             return;
@@ -369,9 +420,11 @@ impl DenseFs {
             }
             let times = [timespec(set.atime), timespec(set.mtime)];
             lower::utimensat(libc::AT_FDCWD, &path, &times, 0)?;
+            let st = lower::stat_fd(inode.raw_fd())?;
             if let Some(Content::Container(c)) = inode.open_content() {
-                c.times_set_by_user()?;
+                c.times_set_by_user(libc::timespec { tv_sec: st.st_mtime, tv_nsec: st.st_mtime_nsec });
             }
+            return self.attr_with(&inode, &st);
         }
         self.attr_of(&inode)
     }

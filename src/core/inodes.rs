@@ -1,7 +1,9 @@
 //! The inode table: FUSE node ids ↔ lower inodes.
 //!
 //! Each inode remembers where it lives (parent node and name) and caches an O_PATH descriptor
-//! to it (or a read-only one, for a regular file first met in a listing: see `readable`). Descriptors are bounded: past a budget the least recently used ones are closed (never
+//! to it (or a read-only one, for a regular file first met in a listing: see `readable`). While
+//! a regular file is open, its content's lower file is that descriptor (`share`): one per open
+//! file. Descriptors are bounded: past a budget the least recently used ones are closed (never
 //! the root's, never those of files with open handles) and reopened from parent and name when
 //! needed again, checking that the same lower inode is found (else ESTALE). So a mount over a
 //! tree of millions of files needs no more descriptors than the budget.
@@ -47,9 +49,11 @@ struct Place {
     /// The directory and name it was last seen under; None for a non-directory found by its
     /// number (a file handle) whose directory is unknown.
     link: Option<(u64, OsString)>,
-    fd: Option<Arc<OwnedFd>>,
-    /// `fd` is open for reading (a regular file found through readdir), not O_PATH: the
-    /// container header can be read through it directly.
+    /// O_PATH, or open for reading or writing: while a regular file is open, the descriptor
+    /// its content reads and writes through (one descriptor per open file, not two).
+    fd: Option<Arc<File>>,
+    /// `fd` is open for reading (a regular file found through readdir, or open content), not
+    /// O_PATH: the container header can be read through it directly.
     readable: bool,
 }
 
@@ -94,6 +98,9 @@ pub struct Inode {
     /// before a file's first write and chmod/chown: a file this daemon created, or one the
     /// lower answered ENODATA for. Any setxattr through densefs forgets it.
     pub no_capability: AtomicBool,
+    /// A name of it was removed through densefs (unlink, a rename over it): only then can the
+    /// lower file have no name left, which the last close checks (a stat it saves otherwise).
+    pub lost_a_name: AtomicBool,
 }
 
 /// `content` is set while handles are open, and also after the last close when writing it back
@@ -120,13 +127,18 @@ impl Inode {
 /// An inode with its descriptor pinned for the duration of one operation.
 pub struct Node {
     pub inode: Arc<Inode>,
-    fd: Arc<OwnedFd>,
+    fd: Arc<File>,
     readable: bool,
 }
 
 impl Node {
     pub fn raw_fd(&self) -> RawFd {
         self.fd.as_raw_fd()
+    }
+
+    /// The descriptor itself, to share (see `InodeTable::share`).
+    pub fn file(&self) -> &Arc<File> {
+        &self.fd
     }
 
     /// The cached descriptor when it is open for reading (not O_PATH).
@@ -159,6 +171,10 @@ pub struct InodeTable {
     clock: AtomicU64,
     open_fds: AtomicUsize,
     fd_budget: usize,
+    /// Evict when `open_fds` passes this: the budget, or above it after an eviction that found
+    /// too few descriptors to close (files held open), so that each further open does not scan
+    /// the whole table again.
+    evict_above: AtomicUsize,
 }
 
 struct Tables {
@@ -183,12 +199,13 @@ impl InodeTable {
             dev: root_dev,
             ino: root_ino,
             generation: 0, // the kernel made the root inode with generation 0
-            place: Mutex::new(Place { link: Some((ROOT, OsString::new())), fd: Some(Arc::new(root_fd)), readable: false }),
+            place: Mutex::new(Place { link: Some((ROOT, OsString::new())), fd: Some(Arc::new(File::from(root_fd))), readable: false }),
             last_used: AtomicU64::new(u64::MAX),
             open: Mutex::new(OpenState::default()),
             local_props: Mutex::new(None),
             closed_size: Mutex::new(None),
             no_capability: AtomicBool::new(false),
+            lost_a_name: AtomicBool::new(false),
         });
         let mut by_id = HashMap::new();
         by_id.insert(ROOT, Entry { inode: root, lookups: 1 });
@@ -201,6 +218,7 @@ impl InodeTable {
             clock: AtomicU64::new(0),
             open_fds: AtomicUsize::new(1),
             fd_budget: fd_budget.max(64),
+            evict_above: AtomicUsize::new(fd_budget.max(64)),
         }
     }
 
@@ -216,7 +234,7 @@ impl InodeTable {
     }
 
     /// The inode's descriptor, and whether it is open for reading (else O_PATH).
-    fn fd(&self, inode: &Inode) -> io::Result<(Arc<OwnedFd>, bool)> {
+    fn fd(&self, inode: &Inode) -> io::Result<(Arc<File>, bool)> {
         if inode.nodeid != ROOT {
             inode.last_used.store(self.clock.fetch_add(1, Ordering::Relaxed), Ordering::Relaxed);
         }
@@ -243,7 +261,7 @@ impl InodeTable {
                 _ => return Err(errno(libc::ESTALE)),
             },
         };
-        let fd = Arc::new(fd);
+        let fd = Arc::new(File::from(fd));
         {
             let mut place = inode.place.lock();
             if let Some(existing) = &place.fd {
@@ -257,8 +275,10 @@ impl InodeTable {
     }
 
     fn opened_fd(&self) {
-        if self.open_fds.fetch_add(1, Ordering::Relaxed) + 1 > self.fd_budget {
+        if self.open_fds.fetch_add(1, Ordering::Relaxed) + 1 > self.evict_above.load(Ordering::Relaxed) {
             self.evict();
+            let now = self.open_fds.load(Ordering::Relaxed);
+            self.evict_above.store(self.fd_budget.max(now + self.fd_budget / 4), Ordering::Relaxed);
         }
     }
 
@@ -301,7 +321,31 @@ impl InodeTable {
     /// Registers one kernel lookup of `name` in `parent`, found as `fd` (`readable`: opened for
     /// reading, else O_PATH).
     pub fn remember(&self, parent: u64, name: &OsStr, fd: OwnedFd, readable: bool, st: &libc::stat) -> Arc<Inode> {
-        self.insert(Some((parent, name.to_os_string())), fd, readable, st, 1)
+        self.insert(Some((parent, name.to_os_string())), Arc::new(File::from(fd)), readable, st, 1)
+    }
+
+    /// Registers one kernel lookup of `name` in `parent`, a file the daemon just created and
+    /// holds open read-write: `file` becomes the inode's descriptor (and its content's), unless
+    /// the table already held one for that inode.
+    pub fn remember_created(&self, parent: u64, name: &OsStr, file: &Arc<File>, st: &libc::stat) -> Arc<Inode> {
+        self.insert(Some((parent, name.to_os_string())), file.clone(), true, st, 1)
+    }
+
+    /// While a regular file is open, the lower file its content reads and writes through is
+    /// also the inode's descriptor: the O_PATH or read-only one it replaces is closed, so an
+    /// open file costs one descriptor (a server keeping thousands of files open, as
+    /// nfs-ganesha does, would otherwise run the daemon out of them).
+    pub fn share(&self, inode: &Inode, file: &Arc<File>) {
+        let mut place = inode.place.lock();
+        if place.fd.as_ref().is_some_and(|fd| Arc::ptr_eq(fd, file)) {
+            return;
+        }
+        let was_closed = place.fd.replace(file.clone()).is_none();
+        place.readable = true;
+        drop(place);
+        if was_closed {
+            self.opened_fd();
+        }
     }
 
     /// Adds one kernel lookup to the inode at lower (dev, ino), found as `name` in `parent`, if
@@ -329,7 +373,7 @@ impl InodeTable {
 
     /// Adds `lookups` kernel lookups to the inode `fd` (registering it if new); `link`, where
     /// known, replaces its place.
-    fn insert(&self, link: Option<(u64, OsString)>, fd: OwnedFd, readable: bool, st: &libc::stat, lookups: u64) -> Arc<Inode> {
+    fn insert(&self, link: Option<(u64, OsString)>, fd: Arc<File>, readable: bool, st: &libc::stat, lookups: u64) -> Arc<Inode> {
         let mut t = self.inner.lock();
         let id = self.nodeid_for(&mut t, st.st_dev, st.st_ino);
         if let Some(e) = t.by_id.get_mut(&id) {
@@ -343,7 +387,7 @@ impl InodeTable {
                 }
                 let empty = place.fd.is_none();
                 if empty {
-                    place.fd = Some(Arc::new(fd));
+                    place.fd = Some(fd);
                     place.readable = readable;
                 }
                 empty
@@ -366,12 +410,13 @@ impl InodeTable {
             dev: st.st_dev,
             ino: st.st_ino,
             generation,
-            place: Mutex::new(Place { link, fd: Some(Arc::new(fd)), readable }),
+            place: Mutex::new(Place { link, fd: Some(fd), readable }),
             last_used: AtomicU64::new(self.clock.fetch_add(1, Ordering::Relaxed)),
             open: Mutex::new(OpenState::default()),
             local_props: Mutex::new(None),
             closed_size: Mutex::new(None),
             no_capability: AtomicBool::new(false),
+            lost_a_name: AtomicBool::new(false),
         });
         t.by_id.insert(id, Entry { inode: inode.clone(), lookups });
         drop(t);
@@ -411,7 +456,7 @@ impl InodeTable {
     /// with `lookups` kernel lookups. A directory's place is found by walking "..".
     fn register(&self, fd: OwnedFd, st: &libc::stat, lookups: u64) -> io::Result<Arc<Inode>> {
         let link = if st.st_mode & libc::S_IFMT == libc::S_IFDIR { Some(self.link_of_dir(&fd, st)?) } else { None };
-        Ok(self.insert(link, fd, false, st, lookups))
+        Ok(self.insert(link, Arc::new(File::from(fd)), false, st, lookups))
     }
 
     /// A directory's parent node and name: its ".." (registered, without a kernel lookup, if

@@ -155,8 +155,9 @@ fn time(sec: i64, nsec: i64) -> SystemTime {
     }
 }
 
-/// Descriptors the inode table may keep open: half the process limit, leaving the rest for
-/// open files and the lower files of open containers.
+/// Descriptors the inode table may keep open: half the process limit (an open file's is one of
+/// them), leaving the rest for open directories, listings' header read-ahead and the lower
+/// files of contents kept in memory after a failed close.
 fn fd_budget() -> usize {
     let Ok(limit) = lower::nofile_limit() else { return 512 };
     (limit / 2).min(1 << 20) as usize

@@ -108,16 +108,22 @@ impl DenseFs {
     /// Gives a just-created entry to the caller (the daemon runs as root) and looks it up.
     pub(super) fn adopt(&self, parent: u64, name: &OsStr, caller: Caller) -> FsResult<Attr> {
         let dir = self.inode(parent)?;
-        // The lower file system made the entry as the daemon; a caller who is the daemon's own
-        // user and group needs no chown (one round trip less on a network lower).
+        let c = cstr(name)?;
+        self.give_to_caller(&dir, caller, |uid, gid| lower::fchownat(dir.raw_fd(), &c, uid, gid, libc::AT_SYMLINK_NOFOLLOW))?;
+        self.lookup(parent, name)
+    }
+
+    /// The lower file system made a new entry in `dir` as the daemon: `chown` gives it to the
+    /// caller's user and group. A caller who is the daemon's own user and group needs no chown
+    /// (one round trip less on a network lower), nor does a daemon that is not root (it cannot).
+    pub(super) fn give_to_caller(&self, dir: &Node, caller: Caller, chown: impl FnOnce(u32, u32) -> std::io::Result<()>) -> FsResult<()> {
         if self.daemon_ids.0 == 0 && (caller.uid, caller.gid) != self.daemon_ids {
             let dir_st = lower::stat_fd(dir.raw_fd())?;
             // Under a setgid directory the lower file system already chose the group.
             let gid = if dir_st.st_mode & libc::S_ISGID != 0 { u32::MAX } else { caller.gid };
-            let c = cstr(name)?;
-            lower::fchownat(dir.raw_fd(), &c, caller.uid, gid, libc::AT_SYMLINK_NOFOLLOW)?;
+            chown(caller.uid, gid)?;
         }
-        self.lookup(parent, name)
+        Ok(())
     }
 
     pub fn mkdir(&self, parent: u64, name: &OsStr, mode: u32, caller: Caller) -> FsResult<Attr> {

@@ -20,6 +20,7 @@ use crate::format::{
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::fs::File;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
+use std::sync::Arc;
 use tracing::{error, warn};
 
 mod slots;
@@ -29,7 +30,9 @@ mod slots;
 const TABLE_CACHE_GROUPS: usize = 256;
 
 pub struct Store {
-    lower: File,
+    /// Shared with the inode table, whose descriptor for the inode it also is (one descriptor
+    /// per open file, not two).
+    lower: Arc<File>,
     layout: Layout,
     checksum: ChecksumKind,
     /// What log lines call the file; `None`: its lower path, looked up when a line needs it
@@ -249,17 +252,17 @@ impl Store {
 
     /// A store for reading only (no state): what `inspect` uses.
     pub fn reader(lower: File, layout: Layout, checksum: ChecksumKind, label: Option<String>) -> Store {
-        Store { lower, layout, checksum, label }
+        Store { lower: Arc::new(lower), layout, checksum, label }
     }
 
     /// The store of a container whose header is `header`, and its state for this run.
-    pub fn open(lower: File, header: &Header, label: Option<String>) -> std::io::Result<(Store, StoreState)> {
+    pub fn open(lower: Arc<File>, header: &Header, label: Option<String>) -> std::io::Result<(Store, StoreState)> {
         let meta = lower.metadata()?;
         Ok(Store::with_lower(lower, header, label, meta.len(), mtime_of(&meta)))
     }
 
     /// As `open`, for a lower file of `lower_len` bytes modified at `mtime`.
-    fn with_lower(lower: File, header: &Header, label: Option<String>, lower_len: u64, mtime: libc::timespec) -> (Store, StoreState) {
+    fn with_lower(lower: Arc<File>, header: &Header, label: Option<String>, lower_len: u64, mtime: libc::timespec) -> (Store, StoreState) {
         let state = StoreState {
             size: header.size,
             compression: header.setting,
@@ -289,7 +292,7 @@ impl Store {
     /// The store of a new, empty container on an empty lower file. Nothing is written until the
     /// file gets data or a size: an empty file stays an empty lower file.
     /// `mtime`: the empty lower file's modification time.
-    pub fn create(lower: File, header: &Header, label: Option<String>, mtime: libc::timespec) -> (Store, StoreState) {
+    pub fn create(lower: Arc<File>, header: &Header, label: Option<String>, mtime: libc::timespec) -> (Store, StoreState) {
         let (store, mut state) = Store::with_lower(lower, header, label, 0, mtime);
         // Announced (header written) with its first data or size.
         state.header_on_disk = false;
@@ -316,14 +319,18 @@ impl Store {
         &self.lower
     }
 
+    /// The lower file, to share its descriptor.
+    pub fn lower_shared(&self) -> &Arc<File> {
+        &self.lower
+    }
+
     // ---- times -------------------------------------------------------------------------
 
     /// The user set the lower's times (utimensat): take them as the file's own.
-    pub fn times_set_by_user(&self, st: &mut StoreState) -> FsResult<()> {
-        st.mtime = mtime_of(&self.lower.metadata()?);
+    pub fn times_set_by_user(&self, st: &mut StoreState, mtime: libc::timespec) {
+        st.mtime = mtime;
         st.ctime = None;
         st.mtime_to_restore = false;
-        Ok(())
     }
 
     /// Puts the lower's mtime back to the user's after the daemon's own writes.

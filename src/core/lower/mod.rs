@@ -129,6 +129,28 @@ pub fn reopen_read(path_fd: RawFd, noatime: bool) -> io::Result<File> {
     reopen(path_fd, libc::O_RDONLY)
 }
 
+/// Sets whether reads through `file` leave its access time alone (O_NOATIME, dropped where
+/// refused: on files the daemon does not own), and clears the O_NONBLOCK `open_readable` sets:
+/// what a descriptor first opened for the daemon's own header reads needs when it starts
+/// serving a reader's content, and again when it goes back to the daemon.
+pub fn set_noatime(file: &File, noatime: bool) -> io::Result<()> {
+    // SAFETY: F_GETFL takes no argument and only reads the descriptor `file` owns.
+    let flags = check(unsafe { libc::fcntl(file.as_raw_fd(), libc::F_GETFL) })?;
+    let plain = flags & !(libc::O_NOATIME | libc::O_NONBLOCK);
+    let wanted = if noatime { plain | libc::O_NOATIME } else { plain };
+    if wanted == flags {
+        return Ok(());
+    }
+    // SAFETY: F_SETFL takes an int of flags and changes only the descriptor's status flags.
+    match check(unsafe { libc::fcntl(file.as_raw_fd(), libc::F_SETFL, wanted) }) {
+        // SAFETY: as above.
+        Err(e) if noatime && e.raw_os_error() == Some(libc::EPERM) => {
+            check(unsafe { libc::fcntl(file.as_raw_fd(), libc::F_SETFL, plain) }).map(drop)
+        }
+        other => other.map(drop),
+    }
+}
+
 /// Makes `file` (opened read-only) writable in place: the inode is reopened read-write and the
 /// new open file description takes over the same descriptor number (dup3 is atomic), so every
 /// holder of `file` writes through it from then on.
