@@ -56,8 +56,16 @@ impl DenseFs {
     /// time its entry expires). `listed`: what readdir said of it, (inode number, is a regular
     /// file): an inode the table does not hold is then opened at once, and a regular file for
     /// reading, so that one descriptor serves as its handle and to read its header.
-    /// `opened`: that regular file, already opened for reading (its header read started).
-    fn lookup_child(&self, parent: u64, dir: &Node, name: &OsStr, listed: Option<(u64, bool)>, opened: Option<OwnedFd>) -> FsResult<Attr> {
+    /// `opened`: that regular file, already opened for reading (its header read started), and
+    /// its stat.
+    fn lookup_child(
+        &self,
+        parent: u64,
+        dir: &Node,
+        name: &OsStr,
+        listed: Option<(u64, bool)>,
+        opened: Option<(OwnedFd, libc::stat)>,
+    ) -> FsResult<Attr> {
         let dev = dir.lower_id().0;
         let surely_regular = match listed {
             Some((ino, regular)) if self.inodes.find(dev, ino).is_none() => regular,
@@ -76,11 +84,13 @@ impl DenseFs {
             }
         };
         let readable = match opened {
-            Some(fd) => Some(fd),
-            None if surely_regular => lower::open_readable(dir.raw_fd(), name).ok(),
+            Some(opened) => Some(opened),
+            None if surely_regular => {
+                lower::open_readable(dir.raw_fd(), name).ok().map(|fd| lower::stat_fd(fd.as_raw_fd()).map(|st| (fd, st))).transpose()?
+            }
             None => None,
         };
-        let (fd, st, readable) = match readable.map(|fd| lower::stat_fd(fd.as_raw_fd()).map(|st| (fd, st))).transpose()? {
+        let (fd, st, readable) = match readable {
             // Replaced by something else since the listing: a directory open for reading is
             // harmless, anything else (a FIFO, a device) is let go at once and opened as O_PATH.
             Some((fd, st)) if matches!(st.st_mode & libc::S_IFMT, libc::S_IFREG | libc::S_IFDIR) => (fd, st, true),
@@ -282,9 +292,10 @@ impl DenseFs {
                 continue;
             }
             // Opened ahead: the name may lead elsewhere by now (renamed, replaced or removed).
-            let opened = headers_ahead.opened.remove(&i).filter(|fd| {
-                let opened_id = lower::stat_fd(fd.as_raw_fd()).ok().map(|st| (st.st_dev, st.st_ino));
-                opened_id.is_some() && cstr(&entry.name).ok().and_then(|c| lower::id_at(dir.raw_fd(), &c)) == opened_id
+            let opened = headers_ahead.opened.remove(&i).and_then(|fd| {
+                let st = lower::stat_fd(fd.as_raw_fd()).ok()?;
+                let c = cstr(&entry.name).ok()?;
+                (lower::id_at(dir.raw_fd(), &c) == Some((st.st_dev, st.st_ino))).then_some((fd, st))
             });
             let attr = match self.lookup_child(*nodeid, &dir, &entry.name, Some((entry.ino, entry.surely_regular)), opened) {
                 Ok(attr) => attr,
