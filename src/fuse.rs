@@ -87,7 +87,12 @@ fn lacks_fsetid(req: &Request) -> bool {
 }
 
 fn caller(req: &Request) -> Caller {
-    Caller { uid: req.uid(), gid: req.gid() }
+    Caller { uid: req.uid(), gid: req.gid(), umask: 0 }
+}
+
+/// The caller of a request that creates an entry, with the umask the request carries.
+fn creator(req: &Request, umask: u32) -> Caller {
+    Caller { umask, ..caller(req) }
 }
 
 /// Logs an error the way its kind deserves and turns it into an errno.
@@ -142,6 +147,11 @@ impl Filesystem for FuseAdapter {
         // directory's first reply, only while its entries are being looked at (the kernel's
         // heuristic), so a `find -name` of huge directories reads fewer container headers.
         let _ = config.add_capabilities(InitFlags::FUSE_DO_READDIRPLUS | InitFlags::FUSE_READDIRPLUS_AUTO);
+        // POSIX ACLs count in permission checks, as on the lower file system: the kernel reads
+        // them through getxattr (and caches them). DONT_MASK: the kernel leaves the umask to
+        // the daemon, which has the lower apply it, or the parent's default ACL instead
+        // (`Caller::umask`).
+        let _ = config.add_capabilities(InitFlags::FUSE_POSIX_ACL | InitFlags::FUSE_DONT_MASK);
         Ok(())
     }
 
@@ -196,12 +206,12 @@ impl Filesystem for FuseAdapter {
         }
     }
 
-    fn mknod(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, _umask: u32, rdev: u32, reply: ReplyEntry) {
-        entry_reply!(self, reply, "mknod", self.fs.mknod(parent.0, name, mode, rdev, caller(req)))
+    fn mknod(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, rdev: u32, reply: ReplyEntry) {
+        entry_reply!(self, reply, "mknod", self.fs.mknod(parent.0, name, mode, rdev, creator(req, umask)))
     }
 
-    fn mkdir(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, _umask: u32, reply: ReplyEntry) {
-        entry_reply!(self, reply, "mkdir", self.fs.mkdir(parent.0, name, mode, caller(req)))
+    fn mkdir(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, reply: ReplyEntry) {
+        entry_reply!(self, reply, "mkdir", self.fs.mkdir(parent.0, name, mode, creator(req, umask)))
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
@@ -368,8 +378,8 @@ impl Filesystem for FuseAdapter {
         empty_reply!(reply, "removexattr", self.fs.removexattr(ino.0, name))
     }
 
-    fn create(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, _umask: u32, flags: i32, reply: ReplyCreate) {
-        match self.fs.create(parent.0, name, mode, flags, caller(req)) {
+    fn create(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, flags: i32, reply: ReplyCreate) {
+        match self.fs.create(parent.0, name, mode, flags, creator(req, umask)) {
             Ok((attr, fh)) => {
                 let generation = Generation(self.fs.generation(attr.ino));
                 reply.created(&TTL, &fuse_attr(&attr), generation, FileHandle(fh), FopenFlags::FOPEN_KEEP_CACHE)

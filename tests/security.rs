@@ -179,3 +179,57 @@ fn writes_by_other_users_clear_setuid_and_setgid_as_on_ext4() {
     }
     m.unmount();
 }
+
+/// POSIX ACLs and umasks behave as on the lower file system. The same steps run in a plain
+/// directory of the lower's file system and through the mount, and must give the same modes,
+/// ACLs and access: a named-user entry grants `nobody` a file its mode refuses, another
+/// refuses one its mode grants, chmod moves the mask, removing the ACL takes the grant back, a
+/// directory's default ACL is inherited (the creator's umask then ignored) and, without one,
+/// the creator's umask applies.
+#[test]
+fn acls_and_umasks_work_as_on_the_lower_file_system() {
+    let d = Dirs::new();
+    open_to_everyone(&d);
+    let reference = d.root.path().join("reference");
+    fs::create_dir(&reference).unwrap();
+    fs::set_permissions(&reference, fs::Permissions::from_mode(0o755)).unwrap();
+    let steps = |dir: &Path| -> Vec<String> {
+        let sh = |script: &str| {
+            let out = Command::new("sh").arg("-c").arg(script).current_dir(dir).output().expect("sh");
+            assert!(out.status.success(), "{script} in {}: {}", dir.display(), String::from_utf8_lossy(&out.stderr));
+            String::from_utf8(out.stdout).unwrap()
+        };
+        let nobody_reads = |name: &str| format!("nobody reads {name}: {}", as_nobody(&["cat", s(&dir.join(name))]).status.success());
+        let mut seen = Vec::new();
+        sh("echo secret > f; chmod 600 f; setfacl -m u:nobody:r f; echo open > g; chmod 644 g; setfacl -m u:nobody:- g");
+        seen.push(nobody_reads("f"));
+        seen.push(nobody_reads("g"));
+        sh("(umask 077; touch u077; mkdir d077; mkfifo p077); (umask 022; touch u022; mkdir d022)");
+        sh("mkdir dacl; setfacl -d -m u:nobody:rwx,g::r-x dacl; (umask 077; touch dacl/inh; mkdir dacl/sub)");
+        seen.extend(
+            sh("stat -c '%n %a' u077 d077 p077 u022 d022 dacl/inh dacl/sub; getfacl -p f g dacl/inh dacl/sub").lines().map(String::from),
+        );
+        sh("chmod 640 f");
+        seen.push(sh("getfacl -p f"));
+        seen.push(nobody_reads("f"));
+        sh("setfacl -b f");
+        seen.push(nobody_reads("f"));
+        seen.push(sh("stat -c '%n %a' f; getfacl -p f"));
+        seen
+    };
+    let want = steps(&reference);
+    // What the comparison rests on: the lower's own answers are the interesting ones.
+    assert!(want.contains(&"nobody reads f: true".to_string()) && want.contains(&"nobody reads g: false".to_string()), "{want:#?}");
+    assert!(want.contains(&"dacl/inh 664".to_string()) && want.contains(&"u077 600".to_string()), "{want:#?}");
+    let m = Mount::new(&d.lower, &d.mnt, "");
+    assert_eq!(steps(&d.mnt), want, "through the mount");
+    fs::write(m.path("h"), b"shared").unwrap();
+    fs::set_permissions(m.path("h"), fs::Permissions::from_mode(0o600)).unwrap();
+    assert!(Command::new("setfacl").args(["-m", "u:nobody:r", s(&m.path("h"))]).status().unwrap().success());
+    m.unmount();
+    // After a remount (the kernel's cached ACLs gone), the ACLs read from the lower still count.
+    let m = Mount::new(&d.lower, &d.mnt, "");
+    assert_eq!(as_nobody(&["cat", s(&m.path("h"))]).stdout, b"shared", "nobody reads h (mode 600, ACL u:nobody:r) after a remount");
+    assert!(!as_nobody(&["cat", s(&m.path("g"))]).status.success(), "nobody reads g (mode 644, ACL u:nobody:---) after a remount");
+    m.unmount();
+}

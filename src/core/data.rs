@@ -203,11 +203,11 @@ impl DenseFs {
         // O_NOATIME: the daemon's own reads of the new file (records it rewrites, later header
         // reads through this descriptor) leave its access time alone; a reader's turn it off.
         let lower_flags = libc::O_CREAT | libc::O_RDWR | libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NOATIME | (flags & libc::O_EXCL);
-        let created = match lower::openat(dir.raw_fd(), &c, lower_flags, mode) {
+        let created = lower::with_umask(caller.umask, || match lower::openat(dir.raw_fd(), &c, lower_flags, mode) {
             // An existing file the daemon does not own (O_CREAT without O_EXCL, daemon not root).
             Err(e) if e.raw_os_error() == Some(libc::EPERM) => lower::openat(dir.raw_fd(), &c, lower_flags & !libc::O_NOATIME, mode),
             other => other,
-        };
+        });
         let created = Arc::new(created?);
         self.give_to_caller(&dir, caller, |uid, gid| lower::fchown(&created, uid, gid))?;
         // The descriptor just opened is the inode's and serves its content: no lookup by name,

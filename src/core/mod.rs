@@ -100,6 +100,10 @@ pub struct Attr {
 pub struct Caller {
     pub uid: u32,
     pub gid: u32,
+    /// The caller's umask, for what it creates (FUSE sends it with create, mkdir and mknod):
+    /// the lower file system applies it, or the parent's default ACL instead, as for a local
+    /// caller (`lower::with_umask`).
+    pub umask: u32,
 }
 
 pub struct DirEntry {

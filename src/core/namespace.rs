@@ -140,7 +140,7 @@ impl DenseFs {
         hidden(name, libc::EPERM)?;
         let dir = self.inode(parent)?;
         let c = cstr(name)?;
-        lower::mkdirat(dir.raw_fd(), &c, mode)?;
+        lower::with_umask(caller.umask, || lower::mkdirat(dir.raw_fd(), &c, mode))?;
         self.adopt(parent, name, caller)
     }
 
@@ -148,7 +148,7 @@ impl DenseFs {
         hidden(name, libc::EPERM)?;
         let dir = self.inode(parent)?;
         let c = cstr(name)?;
-        lower::mknodat(dir.raw_fd(), &c, mode, u64::from(rdev))?;
+        lower::with_umask(caller.umask, || lower::mknodat(dir.raw_fd(), &c, mode, u64::from(rdev)))?;
         self.adopt(parent, name, caller)
     }
 

@@ -107,6 +107,27 @@ pub fn openat(dir: RawFd, name: &CStr, flags: libc::c_int, mode: u32) -> io::Res
     Ok(unsafe { File::from_raw_fd(fd) })
 }
 
+/// Runs `f` with this thread's umask set to `umask`: the lower file system applies it to what
+/// `f` creates, or the parent directory's default ACL instead, exactly as for a local caller.
+/// A thread's first call gives it a umask of its own (unshare(CLONE_FS), as virtiofsd does),
+/// so requests on other threads never see it.
+pub fn with_umask<T>(umask: u32, f: impl FnOnce() -> io::Result<T>) -> io::Result<T> {
+    thread_local! {
+        static OWN_UMASK: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    }
+    if !OWN_UMASK.get() {
+        // SAFETY: unshare(CLONE_FS) only gives this thread its own copy of cwd, root and umask.
+        check(unsafe { libc::unshare(libc::CLONE_FS) })?;
+        OWN_UMASK.set(true);
+    }
+    // SAFETY: umask cannot fail; it changes only this thread's (now private) umask.
+    let old = unsafe { libc::umask((umask & 0o777) as libc::mode_t) };
+    let result = f();
+    // SAFETY: as above.
+    unsafe { libc::umask(old) };
+    result
+}
+
 /// Opens the inode behind an O_PATH fd for I/O.
 pub fn reopen(path_fd: RawFd, flags: libc::c_int) -> io::Result<File> {
     let path = proc_path(path_fd);
