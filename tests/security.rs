@@ -20,6 +20,15 @@ fn open_to_everyone(d: &Dirs) {
     }
 }
 
+/// A plain directory beside the lower one, on its file system: what it answers is what densefs
+/// must answer.
+fn reference_dir(d: &Dirs, name: &str, mode: u32) -> std::path::PathBuf {
+    let dir = d.root.path().join(name);
+    fs::create_dir(&dir).unwrap();
+    fs::set_permissions(&dir, fs::Permissions::from_mode(mode)).unwrap();
+    dir
+}
+
 fn s(p: &Path) -> &str {
     p.to_str().unwrap()
 }
@@ -122,9 +131,7 @@ fn writes_by_other_users_clear_setuid_and_setgid_as_on_ext4() {
     use std::os::unix::fs::chown;
     let d = Dirs::new();
     open_to_everyone(&d);
-    let reference = d.root.path().join("ext4");
-    fs::create_dir(&reference).unwrap();
-    fs::set_permissions(&reference, fs::Permissions::from_mode(0o777)).unwrap();
+    let reference = reference_dir(&d, "ext4", 0o777);
     let m = Mount::new(&d.lower, &d.mnt, "");
     let nobody = 65534;
     // (name, mode, what nobody does to it)
@@ -190,9 +197,7 @@ fn writes_by_other_users_clear_setuid_and_setgid_as_on_ext4() {
 fn acls_and_umasks_work_as_on_the_lower_file_system() {
     let d = Dirs::new();
     open_to_everyone(&d);
-    let reference = d.root.path().join("reference");
-    fs::create_dir(&reference).unwrap();
-    fs::set_permissions(&reference, fs::Permissions::from_mode(0o755)).unwrap();
+    let reference = reference_dir(&d, "reference", 0o755);
     let steps = |dir: &Path| -> Vec<String> {
         let sh = |script: &str| {
             let out = Command::new("sh").arg("-c").arg(script).current_dir(dir).output().expect("sh");

@@ -279,13 +279,9 @@ impl Container {
         self.state.lock().store.size
     }
 
-    pub fn lower_file(&self) -> &File {
+    /// The lower file (shared with the inode table, whose descriptor for the inode it is).
+    pub fn lower_file(&self) -> &Arc<File> {
         self.store.lower()
-    }
-
-    /// The lower file, to share its descriptor with the inode table.
-    pub fn lower_shared(&self) -> &Arc<File> {
-        self.store.lower_shared()
     }
 
     /// Whether closing needs a sync to free old copies.

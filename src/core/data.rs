@@ -2,7 +2,7 @@
 //! SEEK_DATA/SEEK_HOLE, and attribute changes that touch contents (size, times).
 
 use super::container::{Container, ReadBytes};
-use super::inodes::{Content, Node};
+use super::inodes::{Content, Inode, Node};
 use super::lower::{self, cstr};
 use super::props::PropertyValues;
 use super::{Attr, Caller, DenseFs, FsError, FsResult, Handle};
@@ -18,15 +18,16 @@ impl Content {
     /// The lower file it reads and writes through.
     fn file(&self) -> &Arc<File> {
         match self {
-            Content::Container(c) => c.lower_shared(),
+            Content::Container(c) => c.lower_file(),
             Content::Plain(f) => f,
         }
     }
 
-    /// Names the lower file still has (0: unlinked, reachable only through open handles).
-    fn lower_links(&self) -> u64 {
+    /// The lower file has no name left (unlinked, reachable only through open handles). Only
+    /// a removal of one of `inode`'s names through densefs can do that, so nothing else stats.
+    fn nameless(&self, inode: &Inode) -> bool {
         use std::os::unix::fs::MetadataExt;
-        self.file().metadata().map_or(1, |m| m.nlink())
+        inode.lost_a_name.load(Ordering::Relaxed) && self.file().metadata().is_ok_and(|m| m.nlink() == 0)
     }
 
     /// A handle opens the file for writing: make the lower file writable under every holder.
@@ -121,25 +122,25 @@ impl DenseFs {
     /// where it is open for reading (made writable in place for a writer): a reopen is one more
     /// call on the lower, a round trip on a network one. Else the inode is reopened.
     fn content_file(&self, inode: &Node, writable: bool) -> FsResult<Arc<File>> {
-        if inode.readable_fd().is_some() {
-            let file = inode.file().clone();
-            if writable {
-                lower::upgrade_to_write(&file, inode.raw_fd())?;
-            } else {
-                // Opened for the daemon's header reads (O_NOATIME); a reader's reads are the user's.
-                lower::set_noatime(&file, self.options.noatime)?;
-                let _ = lower::will_need(&file, 0, READER_START);
+        let file = match (inode.readable_fd().is_some(), writable) {
+            (true, true) => {
+                lower::upgrade_to_write(inode.file(), inode.raw_fd())?;
+                inode.file().clone()
             }
-            return Ok(file);
+            (true, false) => {
+                // Opened for the daemon's header reads (O_NOATIME); a reader's reads are the user's.
+                lower::set_noatime(inode.file(), self.options.noatime)?;
+                inode.file().clone()
+            }
+            (false, true) => Arc::new(lower::reopen(inode.raw_fd(), libc::O_RDWR)?),
+            (false, false) => Arc::new(lower::reopen_read(inode.raw_fd(), self.options.noatime)?),
+        };
+        if !writable {
+            // A reader reads the header, then the first records: one read of the lower file's
+            // start brings both (a small file whole), where two would wait in turn.
+            let _ = lower::will_need(&file, 0, READER_START);
         }
-        if writable {
-            return Ok(Arc::new(lower::reopen(inode.raw_fd(), libc::O_RDWR)?));
-        }
-        let file = lower::reopen_read(inode.raw_fd(), self.options.noatime)?;
-        // A reader reads the header, then the first records: one read of the lower file's
-        // start brings both (a small file whole), where two would wait in turn.
-        let _ = lower::will_need(&file, 0, READER_START);
-        Ok(Arc::new(file))
+        Ok(file)
     }
 
     /// An empty container on an empty lower file (`empty_since`: as for `Container::create`).
@@ -296,7 +297,7 @@ impl DenseFs {
         match &*handle {
             // Unlinked: nobody can open it again, so its data is not landed (the handles still
             // open read it from memory, and the last close lets it go).
-            Handle::File { inode, content, .. } if inode.lost_a_name.load(Ordering::Relaxed) && content.lower_links() == 0 => Ok(()),
+            Handle::File { inode, content, .. } if content.nameless(inode) => Ok(()),
             Handle::File { content: Content::Container(c), writable: true, .. } => c.flush(),
             _ => Ok(()),
         }
@@ -319,7 +320,7 @@ impl DenseFs {
         if open.handles > 0 {
             return;
         }
-        if inode.lost_a_name.load(Ordering::Relaxed) && open.content.as_ref().is_some_and(|c| c.lower_links() == 0) {
+        if open.content.as_ref().is_some_and(|c| c.nameless(inode)) {
             // Unlinked while open: nobody can read it again, so nothing is written back and
             // its space comes back now.
             open.content = None;
@@ -348,7 +349,7 @@ impl DenseFs {
         let Some(inode) = self.inodes.find(dev, ino) else { return };
         inode.lost_a_name.store(true, Ordering::Relaxed);
         let mut open = inode.open.lock();
-        if open.handles > 0 || open.content.as_ref().is_none_or(|c| c.lower_links() != 0) {
+        if open.handles > 0 || open.content.as_ref().is_none_or(|c| !c.nameless(&inode)) {
             return;
         }
         open.content = None;

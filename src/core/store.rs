@@ -315,12 +315,8 @@ impl Store {
         }
     }
 
-    pub fn lower(&self) -> &File {
-        &self.lower
-    }
-
-    /// The lower file, to share its descriptor.
-    pub fn lower_shared(&self) -> &Arc<File> {
+    /// The lower file (shared: it is also the inode table's descriptor for the inode).
+    pub fn lower(&self) -> &Arc<File> {
         &self.lower
     }
 
