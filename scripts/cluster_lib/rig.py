@@ -196,11 +196,19 @@ class Node:
         return [int(x) for x in p.stdout.split() if x.isdigit()]
 
     def stop(self):
-        """Kill every process of this node (its daemons, their children, the holder)."""
+        """Kill every process of this node (its daemons, their children, the holder), and empty its
+        /run, as a reboot does (it is a tmpfs on a real server)."""
         kill_pids(self.pids())
         if self.holder:
             self.holder.wait()
             self.holder = None
+        # A pid file left in /run names a daemon that may still be a zombie: PID 1 here reaps
+        # orphans a second or two late, and glusterd takes a brick whose pid file names a zombie
+        # for a running one and never starts it.
+        if "/run" in self.private:
+            run_dir = self.private_dir("/run")
+            shutil.rmtree(run_dir, ignore_errors=True)
+            run_dir.mkdir(parents=True)
 
     def destroy(self):
         self.stop()
