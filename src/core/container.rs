@@ -634,12 +634,19 @@ impl Container {
             return;
         };
         let only_if_smaller = flight.only_if_smaller;
+        // A new file's first landing writes its block 0 once (header, descriptor, an inline
+        // record; the size too if this landing completes the file).
+        let gathering = self.store.gather_block_0(&mut st.store);
         let outcome = match result {
             Ok(Output::Compressed(encoded)) => self.store.write_copy(&mut st.store, record, &encoded, only_if_smaller),
             Ok(Output::Decompressed(_)) => panic!("BUG: compress job returned a decompressed record"),
             Err(e) => Err(FsError::new(libc::EIO, format!("compressing record {record}: {e}"))),
         };
         let flight = st.buffers.take_inflight(record).expect("BUG: in-flight record vanished under the lock");
+        let outcome = outcome.and_then(|()| match gathering && st.buffers.all_landed() {
+            true => self.store.write_header(&mut st.store), // writes the gathered block
+            false => Ok(self.store.write_gathered(&mut st.store)?),
+        });
         if let Err(e) = outcome {
             error!(file = %self.store.label(), record, "cannot write record: {e}");
             // Keep the data: a later flush retries once the cause (say, a full disk) is gone.

@@ -92,6 +92,15 @@ pub struct StoreState {
     ctime: Option<libc::timespec>,
     /// The lower's mtime may differ from `mtime`.
     mtime_to_restore: bool,
+    /// A new file's block 0 while its first landing assembles it ([`Store::gather_block_0`]).
+    gathered: Option<GatheredBlock>,
+}
+
+/// Block 0 of a lower file that has none yet, assembled in memory: header copies, an inline
+/// record, group 0's descriptors, and how far they reach.
+struct GatheredBlock {
+    bytes: Box<[u8]>,
+    end: usize,
 }
 
 impl StoreState {
@@ -156,7 +165,9 @@ impl StoreState {
 
     fn cache_table(&mut self, group: u64, table: Box<[Pair]>) {
         if self.tables.len() >= TABLE_CACHE_GROUPS {
-            if let Some(&victim) = self.tables.keys().find(|&&g| g != group) {
+            // Group 0's table is only in memory while block 0 is being gathered.
+            let gathering = self.gathered.is_some();
+            if let Some(&victim) = self.tables.keys().find(|&&g| g != group && !(g == 0 && gathering)) {
                 self.tables.remove(&victim);
                 if self.unpersisted.remove(&victim) {
                     self.healed.remove(&victim); // its healed view is gone: heal again on reload
@@ -285,6 +296,7 @@ impl Store {
             mtime,
             ctime: None,
             mtime_to_restore: false,
+            gathered: None,
         };
         (Store { lower, layout: header.layout, checksum: header.checksum, label }, state)
     }
@@ -440,7 +452,7 @@ impl Store {
                 block.extend_from_slice(&s.encode());
             }
         }
-        lower::pwrite_all(&self.lower, &block, self.layout.group_to_table_off(group))?;
+        self.write_meta(st, &block, self.layout.group_to_table_off(group))?;
         Ok(())
     }
 
@@ -495,6 +507,7 @@ impl Store {
         // before they have landed, or a crash would show what they held before.
         let header = self.write_header_sized(st, st.persisted_size, true)?;
         if !(birth && self.record_birth(&header)) {
+            self.write_gathered(st)?;
             lower::fdatasync(&self.lower)?;
         }
         st.announced = true;
@@ -517,7 +530,7 @@ impl Store {
         }
         st.touch();
         let bytes = state.encode();
-        lower::pwrite_all(&self.lower, &bytes, self.layout.record_to_descriptor_off(record, slot))?;
+        self.write_meta(st, &bytes, self.layout.record_to_descriptor_off(record, slot))?;
         let group = self.layout.record_to_group(record);
         if let Some(table) = st.tables.get_mut(&group) {
             table[self.layout.record_to_entry_index(record)][slot] = state;
@@ -527,7 +540,8 @@ impl Store {
 
     // ---- header and syncs --------------------------------------------------------------
 
-    /// Writes the header (if anything in it changed), recording the current size.
+    /// Writes the header (if anything in it changed), recording the current size; block 0 is
+    /// on the lower file afterwards, if it was being gathered.
     pub fn write_header(&self, st: &mut StoreState) -> FsResult<()> {
         if !st.header_on_disk {
             if st.size == 0 {
@@ -535,7 +549,8 @@ impl Store {
             }
             self.announce(st)?; // its first header, durable
         }
-        self.write_header_sized(st, st.size, false).map(drop)
+        self.write_header_sized(st, st.size, false)?;
+        Ok(self.write_gathered(st)?)
     }
 
     /// `first`: the lower file may be empty (announcing a new file): its first header is written.
@@ -550,10 +565,10 @@ impl Store {
         let header = self.header(st, size, sequence);
         let encoded = header.encode();
         if st.header_on_disk {
-            lower::pwrite_all(&self.lower, &encoded, Header::copy_offset(sequence))?;
+            self.write_meta(st, &encoded, Header::copy_offset(sequence))?;
         } else {
             // A new file's first header fills both copies: each write after it replaces one.
-            lower::pwrite_all(&self.lower, &[encoded.as_slice(), encoded.as_slice()].concat(), 0)?;
+            self.write_meta(st, &[encoded.as_slice(), encoded.as_slice()].concat(), 0)?;
         }
         st.header_seq = sequence;
         st.persisted_size = size;
@@ -574,7 +589,55 @@ impl Store {
         }
     }
 
-    /// fdatasync (`datasync`) or fsync of the lower file.
+    // ---- block 0 of a new file -----------------------------------------------------------
+
+    /// Starts gathering block 0 if the lower file has none yet (a new or emptied file whose
+    /// first header is still to come); returns whether block 0 is being gathered. A landing
+    /// gathers: its first header (both copies), an inline record, its descriptor and, when
+    /// the landing completes the file, the header recording the size all go into one write
+    /// ([`Store::write_gathered`]) instead of four — each a round trip on a network lower.
+    ///
+    /// Crash-safe as the separate writes were: the birth header (an xattr) is still recorded
+    /// before any data, so a crash before block 0 is written leaves the empty container it
+    /// stands for; a power cut sees the same block either way (the separate writes fell in one
+    /// page of the lower's page cache, which reaches the disk as a whole, or not). Nothing
+    /// reads the lower file's block 0 meanwhile: the landing holds `slot_io` exclusively.
+    pub fn gather_block_0(&self, st: &mut StoreState) -> bool {
+        if !st.header_on_disk && st.gathered.is_none() {
+            st.gathered = Some(GatheredBlock { bytes: vec![0; HEADER_BLOCK as usize].into_boxed_slice(), end: 0 });
+        }
+        st.gathered.is_some()
+    }
+
+    /// Writes the gathered block 0 in one piece, if one is being gathered. On failure it stays
+    /// gathered (what it holds is the file's truth; the next landing, flush or sync writes it).
+    pub fn write_gathered(&self, st: &mut StoreState) -> std::io::Result<()> {
+        let Some(g) = &st.gathered else { return Ok(()) };
+        if g.end > 0 {
+            lower::pwrite_all(&self.lower, &g.bytes[..g.end], 0)?;
+            st.touch();
+        }
+        st.gathered = None;
+        Ok(())
+    }
+
+    /// Writes metadata (a header, descriptors, an inline record) at `off`: into block 0 while
+    /// it is being gathered, else to the lower file.
+    fn write_meta(&self, st: &mut StoreState, bytes: &[u8], off: u64) -> std::io::Result<()> {
+        let end = off + bytes.len() as u64;
+        if let Some(g) = st.gathered.as_mut().filter(|_| off < HEADER_BLOCK) {
+            if end <= HEADER_BLOCK {
+                g.bytes[off as usize..end as usize].copy_from_slice(bytes);
+                g.end = g.end.max(end as usize);
+                return Ok(());
+            }
+            self.write_gathered(st)?; // a write reaching past block 0 (none does): block 0 first
+        }
+        lower::pwrite_all(&self.lower, bytes, off)
+    }
+
+    /// fdatasync (`datasync`) or fsync of the lower file. (A block 0 being gathered is not in
+    /// it: [`Store::write_gathered`] first.)
     pub fn sync_lower(&self, datasync: bool) -> std::io::Result<()> {
         if datasync {
             lower::fdatasync(&self.lower)

@@ -123,6 +123,9 @@ pub mod power_cut {
 
     /// (dev, ino) of each watched file -> its blocks written since the last sync.
     static UNSYNCED: Mutex<Option<HashMap<(u64, u64), Blocks>>> = Mutex::new(None);
+    /// (dev, ino) of each watched file -> how many writes it took (each a round trip on a
+    /// network lower).
+    static WRITES: Mutex<Option<HashMap<(u64, u64), usize>>> = Mutex::new(None);
 
     fn key(file: &File) -> Option<(u64, u64)> {
         file.metadata().ok().map(|m| (m.dev(), m.ino()))
@@ -132,11 +135,15 @@ pub mod power_cut {
     pub fn watch(file: &File) {
         let key = key(file).expect("stat of a watched file");
         UNSYNCED.lock().unwrap().get_or_insert_with(HashMap::new).insert(key, BTreeMap::new());
+        WRITES.lock().unwrap().get_or_insert_with(HashMap::new).insert(key, 0);
     }
 
     pub(super) fn before_write(file: &File, offset: u64, len: usize) {
         let mut all = UNSYNCED.lock().unwrap();
         let Some(blocks) = all.as_mut().and_then(|m| key(file).and_then(|k| m.get_mut(&k))) else { return };
+        if let Some(count) = WRITES.lock().unwrap().as_mut().and_then(|m| key(file).and_then(|k| m.get_mut(&k))) {
+            *count += 1;
+        }
         let mut block = offset / BLOCK * BLOCK;
         while block < offset + len as u64 {
             blocks.entry(block).or_insert_with(|| {
@@ -152,6 +159,12 @@ pub mod power_cut {
         if let Some(blocks) = UNSYNCED.lock().unwrap().as_mut().and_then(|m| key(file).and_then(|k| m.get_mut(&k))) {
             blocks.clear();
         }
+    }
+
+    /// How many writes a watched file took since it was watched.
+    pub fn writes(file: &File) -> usize {
+        let all = WRITES.lock().unwrap();
+        all.as_ref().and_then(|m| key(file).and_then(|k| m.get(&k))).copied().unwrap_or(0)
     }
 
     /// The blocks of a watched file written since its last sync, with their contents at that sync.

@@ -80,7 +80,11 @@ impl Store {
         self.announce(st)?;
         st.touch();
         if stored > 0 {
-            lower::pwrite_all(&self.lower, &encoded.bytes, if inline { INLINE_OFF } else { slot_off })?;
+            if inline {
+                self.write_meta(st, &encoded.bytes, INLINE_OFF)?;
+            } else {
+                lower::pwrite_all(&self.lower, &encoded.bytes, slot_off)?;
+            }
         }
         if old_len > new_len {
             lower::punch_hole(&self.lower, slot_off + new_len, old_len - new_len)?;
@@ -201,6 +205,7 @@ impl Store {
         // for a container a power cut undid. The next birth records it again.
         self.forget_birth()?;
         self.lower.set_len(0)?;
+        st.gathered = None;
         st.header_on_disk = false;
         st.announced = false; // the next data brings a new first header, synced first
         st.header_stale = false;
