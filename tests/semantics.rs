@@ -182,6 +182,19 @@ const OPS: &[Op] = &[
             assert_eq!(times(f).0, before, "closing moved the mtime of the last write");
         },
     },
+    Op {
+        name: "write, then set the mtime while the file is open (tar, cp -p), then close",
+        initial: 300_000,
+        run: |f, _| {
+            let file = OpenOptions::new().write(true).open(f).unwrap();
+            file.write_all_at(&[7u8; 200_000], 50_000).unwrap();
+            let set = std::time::UNIX_EPOCH + Duration::new(1_000_000_000, 123_456_789);
+            file.set_modified(set).unwrap();
+            assert_eq!(fs::metadata(f).unwrap().modified().unwrap(), set, "the mtime set while open");
+            drop(file);
+            assert_eq!(fs::metadata(f).unwrap().modified().unwrap(), set, "closing moved the mtime set");
+        },
+    },
 ];
 
 #[test]

@@ -416,8 +416,12 @@ impl DenseFs {
         }
         if set.atime.is_some() || set.mtime.is_some() {
             // Land pending records first, or their arrival would overwrite the times set here.
+            // (tar and cp -p set the times of a file they just wrote before closing it.)
             if let Some(Content::Container(c)) = inode.open_content() {
-                c.flush()?;
+                match set.mtime {
+                    Some(_) => c.flush_data()?,
+                    None => c.flush()?,
+                }
             }
             let times = [timespec(set.atime), timespec(set.mtime)];
             lower::utimensat(libc::AT_FDCWD, &path, &times, 0)?;

@@ -11,9 +11,18 @@ use std::sync::Arc;
 
 impl Container {
     /// Hands every dirty record to the engine and waits until all of them have landed, then
-    /// writes the header. Records dirtied by other writers after the call starts are not waited
-    /// for (so a busy writer cannot hold an fsync forever).
+    /// writes the header and puts the lower's mtime back to the user's. Records dirtied by other
+    /// writers after the call starts are not waited for (so a busy writer cannot hold an fsync
+    /// forever).
     pub fn flush(self: &Arc<Self>) -> FsResult<()> {
+        self.flush_data()?;
+        self.store.restore_mtime(&mut self.state.lock().store);
+        Ok(())
+    }
+
+    /// `flush`, leaving the lower's mtime where the landings put it: for a caller about to set
+    /// it (a user's utimensat), which makes putting it back first a wasted write.
+    pub fn flush_data(self: &Arc<Self>) -> FsResult<()> {
         let mut st = self.state.lock();
         let mut pending: BTreeSet<u64> = st.buffers.dirty_records().into_iter().chain(st.buffers.in_flight_records()).collect();
         loop {
@@ -42,7 +51,6 @@ impl Container {
         if emptied {
             self.cut_to_empty()?;
         }
-        self.store.restore_mtime(&mut self.state.lock().store);
         Ok(())
     }
 
