@@ -256,9 +256,22 @@ impl Container {
         self.state.lock().store.times()
     }
 
-    /// The user set the lower's times (utimensat), giving it this mtime: take it as the file's own.
-    pub fn times_set_by_user(&self, mtime: libc::timespec) {
-        self.store.times_set_by_user(&mut self.state.lock().store, mtime)
+    /// A user's utimensat: lands what is pending (else its landing would move the times set),
+    /// then runs `set` (the utimensat on the lower file, returning the lower's status after it)
+    /// and takes the mtime it left as the file's own. `set` runs under the state lock, so that
+    /// neither a landing nor the writeback tick's putting back of the old mtime comes between.
+    /// `sets_mtime`: the lower's mtime is not put back before (tar and cp -p set the times of
+    /// a file they just wrote before closing it: that write would be overwritten at once).
+    pub fn set_times(self: &Arc<Self>, sets_mtime: bool, set: impl FnOnce() -> FsResult<libc::stat>) -> FsResult<libc::stat> {
+        if sets_mtime {
+            self.flush_data()?;
+        } else {
+            self.flush()?;
+        }
+        let mut st = self.state.lock();
+        let stat = set()?;
+        self.store.times_set_by_user(&mut st.store, libc::timespec { tv_sec: stat.st_mtime, tv_nsec: stat.st_mtime_nsec });
+        Ok(stat)
     }
 
     /// A user operation changed the file without changing its bytes (fallocate: ext4 moves

@@ -415,20 +415,15 @@ impl DenseFs {
             }
         }
         if set.atime.is_some() || set.mtime.is_some() {
-            // Land pending records first, or their arrival would overwrite the times set here.
-            // (tar and cp -p set the times of a file they just wrote before closing it.)
-            if let Some(Content::Container(c)) = inode.open_content() {
-                match set.mtime {
-                    Some(_) => c.flush_data()?,
-                    None => c.flush()?,
-                }
-            }
             let times = [timespec(set.atime), timespec(set.mtime)];
-            lower::utimensat(libc::AT_FDCWD, &path, &times, 0)?;
-            let st = lower::stat_fd(inode.raw_fd())?;
-            if let Some(Content::Container(c)) = inode.open_content() {
-                c.times_set_by_user(libc::timespec { tv_sec: st.st_mtime, tv_nsec: st.st_mtime_nsec });
-            }
+            let set_times = || -> FsResult<libc::stat> {
+                lower::utimensat(libc::AT_FDCWD, &path, &times, 0)?;
+                Ok(lower::stat_fd(inode.raw_fd())?)
+            };
+            let st = match inode.open_content() {
+                Some(Content::Container(c)) => c.set_times(set.mtime.is_some(), set_times)?,
+                _ => set_times()?,
+            };
             return self.attr_with(&inode, &st);
         }
         self.attr_of(&inode)

@@ -465,3 +465,43 @@ fn a_crash_after_a_truncate_inside_a_record_never_brings_back_what_it_cut() {
     h.reopen(path);
     assert_eq!(h.read_all(), grown);
 }
+
+/// A user's utimensat on an open file while the writeback tick runs: the tick must not put the
+/// file's old mtime back between the lower's utimensat and the stat that reads it back, or the
+/// time the user set is lost. (Over the Gluster client, rsync found 3 of 11,637 untarred files
+/// with their write time instead of the archive's.)
+#[test]
+fn the_writeback_tick_never_undoes_a_users_utimensat() {
+    use std::os::fd::AsRawFd;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let settings = CreateSettings { compression: Setting::LZ4, layout: Layout::new(4096).unwrap(), checksum: ChecksumKind::Crc32c };
+    let h = Harness::new(settings);
+    let stop = Arc::new(AtomicBool::new(false));
+    let ticker = {
+        let (container, stop) = (h.container.clone(), stop.clone());
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                container.writeback().unwrap();
+            }
+        })
+    };
+    let lower = h.container.lower_file().clone();
+    for round in 0..40 {
+        h.container.write(0, &noise(0, round)).unwrap();
+        let want = libc::timespec { tv_sec: 1_000_000_000 + round as i64, tv_nsec: 0 };
+        let st = h
+            .container
+            .set_times(true, || {
+                crate::core::lower::futimens(&lower, &[libc::timespec { tv_sec: 0, tv_nsec: libc::UTIME_OMIT }, want])?;
+                std::thread::sleep(std::time::Duration::from_millis(2)); // a network lower's round trip
+                Ok(crate::core::lower::stat_fd(lower.as_raw_fd())?)
+            })
+            .unwrap();
+        assert_eq!((st.st_mtime, st.st_mtime_nsec), (want.tv_sec, want.tv_nsec), "round {round}: the mtime read back");
+        assert_eq!(h.container.times().0.tv_sec, want.tv_sec, "round {round}: the file's mtime");
+    }
+    stop.store(true, Ordering::Relaxed);
+    ticker.join().unwrap();
+    let now = crate::core::lower::stat_fd(lower.as_raw_fd()).unwrap();
+    assert_eq!(now.st_mtime, 1_000_000_039, "the lower's mtime after the tick");
+}
