@@ -656,9 +656,12 @@ impl Container {
             Err(e) => Err(FsError::new(libc::EIO, format!("compressing record {record}: {e}"))),
         };
         let flight = st.buffers.take_inflight(record).expect("BUG: in-flight record vanished under the lock");
-        let outcome = outcome.and_then(|()| match gathering && st.buffers.all_landed() {
-            true => self.store.write_header(&mut st.store), // writes the gathered block
-            false => Ok(self.store.write_gathered(&mut st.store)?),
+        let outcome = outcome.and_then(|()| {
+            if gathering && st.buffers.all_landed() {
+                self.store.write_header(&mut st.store) // writes the gathered block too
+            } else {
+                Ok(self.store.write_gathered(&mut st.store)?)
+            }
         });
         if let Err(e) = outcome {
             error!(file = %self.store.label(), record, "cannot write record: {e}");

@@ -121,55 +121,60 @@ pub mod power_cut {
     /// Block offset -> its contents at the last sync.
     type Blocks = BTreeMap<u64, Vec<u8>>;
 
-    /// (dev, ino) of each watched file -> its blocks written since the last sync.
-    static UNSYNCED: Mutex<Option<HashMap<(u64, u64), Blocks>>> = Mutex::new(None);
-    /// (dev, ino) of each watched file -> how many writes it took (each a round trip on a
-    /// network lower).
-    static WRITES: Mutex<Option<HashMap<(u64, u64), usize>>> = Mutex::new(None);
+    /// What is recorded of one watched file.
+    #[derive(Default)]
+    struct Watched {
+        /// Its blocks written since the last sync.
+        unsynced: Blocks,
+        /// How many writes it took (each a round trip on a network lower).
+        writes: usize,
+    }
+
+    /// (dev, ino) of each watched file -> what is recorded of it.
+    static WATCHED: Mutex<Option<HashMap<(u64, u64), Watched>>> = Mutex::new(None);
 
     fn key(file: &File) -> Option<(u64, u64)> {
         file.metadata().ok().map(|m| (m.dev(), m.ino()))
     }
 
+    /// Runs `f` on the record of `file`, if it is watched.
+    fn with_watched<T>(file: &File, f: impl FnOnce(&mut Watched) -> T) -> Option<T> {
+        let key = key(file)?;
+        WATCHED.lock().unwrap().as_mut().and_then(|m| m.get_mut(&key)).map(f)
+    }
+
     /// Starts recording the writes to `file` (nothing written before counts as unsynced).
     pub fn watch(file: &File) {
         let key = key(file).expect("stat of a watched file");
-        UNSYNCED.lock().unwrap().get_or_insert_with(HashMap::new).insert(key, BTreeMap::new());
-        WRITES.lock().unwrap().get_or_insert_with(HashMap::new).insert(key, 0);
+        WATCHED.lock().unwrap().get_or_insert_with(HashMap::new).insert(key, Watched::default());
     }
 
     pub(super) fn before_write(file: &File, offset: u64, len: usize) {
-        let mut all = UNSYNCED.lock().unwrap();
-        let Some(blocks) = all.as_mut().and_then(|m| key(file).and_then(|k| m.get_mut(&k))) else { return };
-        if let Some(count) = WRITES.lock().unwrap().as_mut().and_then(|m| key(file).and_then(|k| m.get_mut(&k))) {
-            *count += 1;
-        }
-        let mut block = offset / BLOCK * BLOCK;
-        while block < offset + len as u64 {
-            blocks.entry(block).or_insert_with(|| {
-                let mut old = vec![0u8; BLOCK as usize];
-                super::pread_full(file, &mut old, block).expect("pre-image of a watched block");
-                old
-            });
-            block += BLOCK;
-        }
+        with_watched(file, |w| {
+            w.writes += 1;
+            let mut block = offset / BLOCK * BLOCK;
+            while block < offset + len as u64 {
+                w.unsynced.entry(block).or_insert_with(|| {
+                    let mut old = vec![0u8; BLOCK as usize];
+                    super::pread_full(file, &mut old, block).expect("pre-image of a watched block");
+                    old
+                });
+                block += BLOCK;
+            }
+        });
     }
 
     pub(super) fn synced(file: &File) {
-        if let Some(blocks) = UNSYNCED.lock().unwrap().as_mut().and_then(|m| key(file).and_then(|k| m.get_mut(&k))) {
-            blocks.clear();
-        }
+        with_watched(file, |w| w.unsynced.clear());
     }
 
     /// How many writes a watched file took since it was watched.
     pub fn writes(file: &File) -> usize {
-        let all = WRITES.lock().unwrap();
-        all.as_ref().and_then(|m| key(file).and_then(|k| m.get(&k))).copied().unwrap_or(0)
+        with_watched(file, |w| w.writes).unwrap_or(0)
     }
 
     /// The blocks of a watched file written since its last sync, with their contents at that sync.
     pub fn unsynced(file: &File) -> Blocks {
-        let all = UNSYNCED.lock().unwrap();
-        all.as_ref().and_then(|m| key(file).and_then(|k| m.get(&k))).cloned().unwrap_or_default()
+        with_watched(file, |w| w.unsynced.clone()).unwrap_or_default()
     }
 }
