@@ -409,6 +409,9 @@ fn deleting_or_truncating_the_file_that_filled_the_disk_gives_the_space_back() {
         let mut f = File::create(m.path("temp")).unwrap();
         // Its last record (100 KiB of a 128 KiB one) stays in memory until the close.
         f.write_all(&random_bytes((4 << 20) + (100 << 10), 7)).unwrap();
+        // The 32 full records land in the background; count from when they have (random data
+        // is stored raw, and tmpfs allocates as it is written).
+        wait_until("the full records to land", || fs::metadata(d.lower.join("temp")).unwrap().blocks() * 512 >= 4 << 20);
         let written = || daemon_bytes_written(&m);
         let before = written();
         fs::remove_file(m.path("temp")).unwrap();
