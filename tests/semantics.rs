@@ -11,7 +11,7 @@ use std::fs::{self, File, OpenOptions};
 use std::hash::{Hash, Hasher};
 use std::io::Write;
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::{FileExt, MetadataExt};
+use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -421,6 +421,33 @@ fn deleting_or_truncating_the_file_that_filled_the_disk_gives_the_space_back() {
         wait_until("space after closing an unlinked file", || free_bytes(&d.lower) > empty - (1 << 20));
         m.unmount();
     }
+}
+
+/// The kernel does not wait for RELEASE: a stat right after close(2) races the daemon writing the
+/// file back. Here that last close empties the file (an `O_RDONLY|O_TRUNC` open emptied it in
+/// memory), and the lookup the next open makes must show it empty, not the lower's old length.
+#[test]
+fn a_stat_right_after_the_last_close_shows_what_that_close_wrote() {
+    let d = Dirs::new();
+    let m = Mount::new(&d.lower, &d.mnt, "compression=off,recordsize=64K");
+    let path = m.path("f");
+    let data = random_bytes(600_000, 3);
+    let mut stale = vec![];
+    for round in 0..300 {
+        let f = OpenOptions::new().read(true).write(true).create(true).open(&path).unwrap();
+        f.write_all_at(&data, 0).unwrap();
+        f.sync_all().unwrap();
+        drop(f);
+        drop(OpenOptions::new().read(true).custom_flags(libc::O_TRUNC).open(&path).unwrap());
+        let exists = OpenOptions::new().write(true).create_new(true).open(&path).unwrap_err();
+        assert_eq!(exists.raw_os_error(), Some(libc::EEXIST));
+        let size = fs::metadata(&path).unwrap().len();
+        if size != 0 {
+            stale.push((round, size));
+        }
+    }
+    assert!(stale.is_empty(), "emptied, then shown with a size in {} of 300 rounds: {stale:?}", stale.len());
+    m.unmount();
 }
 
 #[test]

@@ -213,6 +213,7 @@ impl DenseFs {
         self.give_to_caller(&dir, caller, |uid, gid| lower::fchown(&created, uid, gid))?;
         // The descriptor just opened is the inode's and serves its content: no lookup by name,
         // no second open (each a round trip on a network lower).
+        let before = self.written_back_count();
         let stat = lower::stat_fd(created.as_raw_fd())?;
         let nodeid = self.inodes.remember_created(parent, name, &created, &stat).nodeid;
         let inode = match self.inode(nodeid) {
@@ -243,7 +244,7 @@ impl DenseFs {
         }
         let attr = match fresh {
             // Nothing has changed on the lower since that stat.
-            Some(stat) if stat.st_size == 0 => self.attr_with(&inode, &stat)?,
+            Some(stat) if stat.st_size == 0 => self.attr_with(&inode, &stat, before)?,
             _ => self.attr_of(&inode)?,
         };
         Ok((attr, fh))
@@ -336,6 +337,7 @@ impl DenseFs {
                 open.content = Some(Content::Container(c));
                 return;
             }
+            self.note_written_back(&mut open);
         }
         // The descriptor stays the inode's (`InodeTable::share`) and from now on serves the
         // daemon's own header reads, which leave the access time alone.
@@ -360,7 +362,7 @@ impl DenseFs {
 
     /// Runs `f` on the file's content, opening it just for the call if no handle has it open.
     fn with_content<T>(&self, inode: &Node, f: impl FnOnce(&Content) -> FsResult<T>) -> FsResult<T> {
-        let open = inode.open.lock();
+        let mut open = inode.open.lock();
         if let Some(c) = open.content.clone() {
             c.make_writable(inode.raw_fd())?;
             drop(open);
@@ -368,10 +370,13 @@ impl DenseFs {
         }
         let content = self.load_content(inode, true, None)?;
         let result = f(&content);
-        if let Content::Container(c) = &content {
-            c.flush()?;
-        }
+        let flushed = match &content {
+            Content::Container(c) => c.flush(),
+            Content::Plain(_) => Ok(()),
+        };
+        self.note_written_back(&mut open);
         drop(open);
+        flushed?;
         result
     }
 
@@ -420,11 +425,12 @@ impl DenseFs {
                 lower::utimensat(libc::AT_FDCWD, &path, &times, 0)?;
                 Ok(lower::stat_fd(inode.raw_fd())?)
             };
+            let before = self.written_back_count();
             let st = match inode.open_content() {
                 Some(Content::Container(c)) => c.set_times(set.mtime.is_some(), set_times)?,
                 _ => set_times()?,
             };
-            return self.attr_with(&inode, &st);
+            return self.attr_with(&inode, &st, before);
         }
         self.attr_of(&inode)
     }

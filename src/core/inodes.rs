@@ -110,6 +110,9 @@ pub struct Inode {
 pub struct OpenState {
     pub handles: usize,
     pub content: Option<Content>,
+    /// When a content last wrote the file back and let go of it (`DenseFs::written_back`'s
+    /// count then): a lower stat taken before may show what it replaced.
+    pub written_back_at: u64,
 }
 
 impl Inode {

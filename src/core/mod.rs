@@ -23,7 +23,7 @@ mod xattr;
 use crate::engine::{Engine, RecordPolicy};
 use container::CreateSettings;
 pub use error::{FsError, FsResult};
-use inodes::{Content, Inode, InodeTable, Node};
+use inodes::{Content, Inode, InodeTable, Node, OpenState};
 use parking_lot::Mutex;
 use props::PropertyValues;
 use std::collections::HashMap;
@@ -149,6 +149,9 @@ pub struct DenseFs {
     daemon_ids: (u32, u32),
     /// The last report computed for a size probe: (node, name, when, JSON).
     last_report: Mutex<Option<CachedReport>>,
+    /// Counts the times a content wrote a file back and let go of it (a last close): read
+    /// before a lower stat, it tells `attr_with` whether that stat may predate such a write.
+    written_back: AtomicU64,
 }
 
 fn time(sec: i64, nsec: i64) -> SystemTime {
@@ -183,6 +186,7 @@ impl DenseFs {
             inodes: InodeTable::new(fd, st.st_dev, st.st_ino, fd_budget()),
             handles: Mutex::new(HashMap::new()),
             next_handle: AtomicU64::new(1),
+            written_back: AtomicU64::new(0),
             daemon_ids: (lower::geteuid(), lower::getegid()),
             last_report: Mutex::new(None),
         })
@@ -256,19 +260,43 @@ impl DenseFs {
     }
 
     fn attr_of(&self, inode: &Node) -> FsResult<Attr> {
+        let before = self.written_back_count();
         let st = lower::stat_fd(inode.raw_fd())?;
-        self.attr_with(inode, &st)
+        self.attr_with(inode, &st, before)
     }
 
-    /// The attributes of `inode`, whose lower status `st` the caller just read.
-    fn attr_with(&self, inode: &Node, st: &libc::stat) -> FsResult<Attr> {
+    /// What `attr_with` needs read before the caller's lower stat.
+    fn written_back_count(&self) -> u64 {
+        self.written_back.load(Ordering::SeqCst)
+    }
+
+    /// A content wrote `open`'s file back and lets go of it (the caller holds its `open` lock).
+    fn note_written_back(&self, open: &mut OpenState) {
+        open.written_back_at = self.written_back.fetch_add(1, Ordering::SeqCst) + 1;
+    }
+
+    /// The attributes of `inode`, whose lower status `st` the caller just read, having read
+    /// `written_back_count` (`before`) first.
+    fn attr_with(&self, inode: &Node, st: &libc::stat, before: u64) -> FsResult<Attr> {
         let kind = Kind::from_mode(st.st_mode);
+        let open = (kind == Kind::File).then(|| inode.open.lock());
+        // A last close may have written the file back (say, emptied it) after that stat: the
+        // header read below would then not match the stat, and the kernel would keep a size
+        // the file no longer has. Its `open` lock, held, waits for a close under way.
+        let restat;
+        let st = match &open {
+            Some(open) if open.content.is_none() && open.written_back_at > before => {
+                restat = lower::stat_fd(inode.raw_fd())?;
+                &restat
+            }
+            _ => st,
+        };
         let mut size = st.st_size as u64;
         let mut blksize = st.st_blksize as u32;
         let mut mtime = time(st.st_mtime, st.st_mtime_nsec);
         let mut ctime = time(st.st_ctime, st.st_ctime_nsec);
-        if kind == Kind::File {
-            match inode.open_content() {
+        if let Some(open) = &open {
+            match &open.content {
                 Some(Content::Container(c)) => {
                     size = c.size();
                     blksize = c.layout().record_size() as u32;
@@ -374,6 +402,7 @@ impl DenseFs {
             match c.sync(true) {
                 Ok(()) => {
                     open.content = None;
+                    self.note_written_back(&mut open);
                     drop(open);
                     tracing::info!(inode = inode.nodeid, "data kept after a failed close is now written");
                     self.inodes.forget(inode.nodeid, 0);

@@ -40,7 +40,7 @@ impl DenseFs {
         let inode = match name.as_bytes() {
             b"." => self.inodes.lookup_self(parent)?,
             b".." => self.inodes.lookup_parent(parent)?,
-            _ => return self.lookup_child(parent, &self.inode(parent)?, name, None, None),
+            _ => return self.lookup_child(parent, &self.inode(parent)?, name, None, None, self.written_back_count()),
         };
         match self.inode(inode.nodeid).and_then(|node| self.attr_of(&node)) {
             Ok(attr) => Ok(attr),
@@ -57,7 +57,7 @@ impl DenseFs {
     /// file): an inode the table does not hold is then opened at once, and a regular file for
     /// reading, so that one descriptor serves as its handle and to read its header.
     /// `opened`: that regular file, already opened for reading (its header read started), and
-    /// its stat.
+    /// its stat. `before`: `written_back_count` read before that stat, or now if none was taken.
     fn lookup_child(
         &self,
         parent: u64,
@@ -65,6 +65,7 @@ impl DenseFs {
         name: &OsStr,
         listed: Option<(u64, bool)>,
         opened: Option<(OwnedFd, libc::stat)>,
+        before: u64,
     ) -> FsResult<Attr> {
         let dev = dir.lower_id().0;
         let surely_regular = match listed {
@@ -72,7 +73,7 @@ impl DenseFs {
             _ => {
                 let st = lower::stat_at(dir.raw_fd(), name)?;
                 if let Some(node) = self.inodes.remember_known(parent, name, st.st_dev, st.st_ino) {
-                    return match self.attr_with(&node, &st) {
+                    return match self.attr_with(&node, &st, before) {
                         Ok(attr) => Ok(attr),
                         Err(e) => {
                             self.inodes.forget(node.nodeid, 1);
@@ -101,7 +102,7 @@ impl DenseFs {
             }
         };
         let inode = self.inodes.remember(parent, name, fd, readable, &st);
-        match self.inode(inode.nodeid).and_then(|node| self.attr_with(&node, &st)) {
+        match self.inode(inode.nodeid).and_then(|node| self.attr_with(&node, &st, before)) {
             Ok(attr) => Ok(attr),
             Err(e) => {
                 self.inodes.forget(inode.nodeid, 1);
@@ -292,12 +293,13 @@ impl DenseFs {
                 continue;
             }
             // Opened ahead: the name may lead elsewhere by now (renamed, replaced or removed).
+            let before = self.written_back_count();
             let opened = headers_ahead.opened.remove(&i).and_then(|fd| {
                 let st = lower::stat_fd(fd.as_raw_fd()).ok()?;
                 let c = cstr(&entry.name).ok()?;
                 (lower::id_at(dir.raw_fd(), &c) == Some((st.st_dev, st.st_ino))).then_some((fd, st))
             });
-            let attr = match self.lookup_child(*nodeid, &dir, &entry.name, Some((entry.ino, entry.surely_regular)), opened) {
+            let attr = match self.lookup_child(*nodeid, &dir, &entry.name, Some((entry.ino, entry.surely_regular)), opened, before) {
                 Ok(attr) => attr,
                 Err(e) if matches!(e.errno, libc::ENOENT | libc::ESTALE) => continue,
                 // The kernel asks again from the entry that failed.
