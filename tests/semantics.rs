@@ -434,7 +434,7 @@ fn a_stat_right_after_the_last_close_shows_what_that_close_wrote() {
     let data = random_bytes(600_000, 3);
     let mut stale = vec![];
     for round in 0..300 {
-        let f = OpenOptions::new().read(true).write(true).create(true).open(&path).unwrap();
+        let f = OpenOptions::new().read(true).write(true).create(true).truncate(false).open(&path).unwrap();
         f.write_all_at(&data, 0).unwrap();
         f.sync_all().unwrap();
         drop(f);
