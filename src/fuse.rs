@@ -136,6 +136,9 @@ impl Filesystem for FuseAdapter {
         let _ = config.set_max_write(MAX_WRITE);
         let _ = config.set_max_readahead(MAX_WRITE);
         let _ = config.add_capabilities(InitFlags::FUSE_PARALLEL_DIROPS);
+        // An O_TRUNC open truncates in OPEN itself, not in a SETATTR after it (a round trip
+        // per `cp` or `>` over an existing file).
+        let _ = config.add_capabilities(InitFlags::FUSE_ATOMIC_O_TRUNC);
         // Writers without CAP_FSETID are flagged and the daemon drops setuid/setgid/capabilities
         // itself (DenseFs::write), so the kernel asks for security.capability before no write.
         let _ = config.add_capabilities(InitFlags::FUSE_HANDLE_KILLPRIV_V2);

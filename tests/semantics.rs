@@ -157,6 +157,19 @@ const OPS: &[Op] = &[
     Op { name: "ftruncate up", initial: 1000, run: |f, _| OpenOptions::new().write(true).open(f).unwrap().set_len(200_000).unwrap() },
     Op { name: "ftruncate down", initial: 300_000, run: |f, _| OpenOptions::new().write(true).open(f).unwrap().set_len(5).unwrap() },
     Op { name: "open O_TRUNC", initial: 300_000, run: |f, _| drop(OpenOptions::new().write(true).truncate(true).open(f).unwrap()) },
+    Op {
+        name: "open O_TRUNC of an empty file",
+        initial: 0,
+        run: |f, _| drop(OpenOptions::new().write(true).truncate(true).open(f).unwrap()),
+    },
+    Op {
+        name: "open O_RDONLY|O_TRUNC (Linux truncates)",
+        initial: 300_000,
+        run: |f, _| {
+            drop(OpenOptions::new().read(true).custom_flags(libc::O_TRUNC).open(f).unwrap());
+            assert_eq!(fs::metadata(f).unwrap().len(), 0);
+        },
+    },
     Op { name: "fallocate growing", initial: 1000, run: |f, _| fallocate(f, 0, 0, 300_000) },
     Op { name: "fallocate keep size", initial: 300_000, run: |f, _| fallocate(f, libc::FALLOC_FL_KEEP_SIZE, 400_000, 100_000) },
     Op {

@@ -178,16 +178,20 @@ impl DenseFs {
         Ok(self.new_handle(Handle::File { inode: inode.inode.clone(), content, writable }))
     }
 
-    /// `kill_privileges`: as for `write`, for an O_TRUNC open.
+    /// `kill_privileges`: as for `write`, for an O_TRUNC open. The kernel has checked that the
+    /// caller may write the file: Linux truncates on `O_RDONLY|O_TRUNC` too.
     pub fn open(&self, nodeid: u64, flags: i32, kill_privileges: bool) -> FsResult<u64> {
         let inode = self.inode(nodeid)?;
         let writable = flags & libc::O_ACCMODE != libc::O_RDONLY;
         let fh = self.open_inode(&inode, writable, None)?;
-        if flags & libc::O_TRUNC != 0 && writable {
-            if kill_privileges {
-                self.kill_privileges(&inode)?;
-            }
-            if let Err(e) = self.truncate_content(&self.file_content(fh)?, 0) {
+        if flags & libc::O_TRUNC != 0 {
+            let truncated = (|| {
+                if kill_privileges {
+                    self.kill_privileges(&inode)?;
+                }
+                self.with_content(&inode, |content| self.truncate_content(content, 0))
+            })();
+            if let Err(e) = truncated {
                 self.release(fh);
                 return Err(e);
             }
