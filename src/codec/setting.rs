@@ -28,6 +28,17 @@ impl Setting {
         Compression::parse(name).map(Setting::Fixed).map_err(|_| format!("unknown compression '{name}' (expected {})", setting_names()))
     }
 
+    /// What a user's fsync lands records with: this setting if its codec is fast, else lz4, so
+    /// the caller waits for lz4 and not for gzip or zstd on a whole record (ZFS's sync writes
+    /// wait for the intent log, not for the record's compression). The container re-encodes
+    /// those records with this setting later (`Container::settle_interim`).
+    pub fn for_fsync(self) -> Setting {
+        match self {
+            Setting::Fixed(c) if c.codec.is_fast() => self,
+            _ => Setting::LZ4,
+        }
+    }
+
     /// The two header bytes that keep it: a codec id (or 255 for `auto`) and a level.
     pub fn to_header(self) -> (u8, i8) {
         match self {

@@ -334,7 +334,13 @@ impl DenseFs {
         let Some(content) = open.content.take() else { return };
         let file = content.file().clone();
         if let Content::Container(c) = content {
-            let result = if c.has_stale() { c.sync(true) } else { c.flush() };
+            // Records fsyncs landed with lz4 get the file's codec now; their lz4 copies are
+            // freed by the sync. A record that cannot be read again just stays as it is.
+            let settled = c.settle_interim(true).unwrap_or_else(|e| {
+                tracing::warn!(inode = inode.nodeid, "re-encoding records fsync landed with lz4: {e}");
+                true
+            });
+            let result = if settled || c.has_stale() { c.sync(true) } else { c.flush() };
             if let Err(e) = result {
                 // Keep the data in memory (readable, retried by background writeback).
                 tracing::error!(inode = inode.nodeid, "writing back at close failed; the data stays in memory and is retried: {e}");

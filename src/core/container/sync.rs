@@ -23,6 +23,11 @@ impl Container {
     /// `flush`, leaving the lower's mtime where the landings put it: for a caller about to set
     /// it (a user's utimensat), which makes putting it back first a wasted write.
     pub fn flush_data(self: &Arc<Self>) -> FsResult<()> {
+        self.land_all(false)
+    }
+
+    /// Lands every dirty record; `for_fsync`: with the codec a user's fsync waits for.
+    fn land_all(self: &Arc<Self>, for_fsync: bool) -> FsResult<()> {
         let mut st = self.state.lock();
         let mut pending: BTreeSet<u64> = st.buffers.dirty_records().into_iter().chain(st.buffers.in_flight_records()).collect();
         loop {
@@ -34,7 +39,7 @@ impl Container {
                 break;
             }
             let ready: Vec<u64> = pending.iter().copied().filter(|&r| st.buffers.is_dirty(r)).collect();
-            let sent = self.send(&mut st, &ready);
+            let sent = self.send(&mut st, &ready, for_fsync);
             if sent.is_empty() {
                 // Waits for queued landings too: a record leaves flight only once it landed.
                 self.landed.wait(&mut st);
@@ -69,7 +74,8 @@ impl Container {
     }
 
     /// Background writeback (every few seconds): starts compressing every dirty record without
-    /// waiting, and records the size once nothing is in flight, so a crash loses little.
+    /// waiting, and records the size once nothing is in flight, so a crash loses little. Records
+    /// a user's fsync landed with lz4 are re-encoded once a tick passed without another.
     pub fn writeback(self: &Arc<Self>) -> FsResult<()> {
         if self.state.lock().store.keeps_old_copies() {
             let _io = self.slot_io.write();
@@ -85,6 +91,7 @@ impl Container {
             self.prepare(&mut st, &records)
         };
         self.engine.submit(jobs);
+        self.settle_interim(false)?;
         Ok(())
     }
 
@@ -102,8 +109,11 @@ impl Container {
         self.sync_and_reclaim(datasync, true)
     }
 
-    fn sync_and_reclaim(self: &Arc<Self>, datasync: bool, keep_for_reuse: bool) -> FsResult<()> {
-        self.flush()?;
+    /// `user_fsync`: a user waits, so records land with the fast codec (`Setting::for_fsync`)
+    /// and the older copies stay allocated for reuse.
+    fn sync_and_reclaim(self: &Arc<Self>, datasync: bool, user_fsync: bool) -> FsResult<()> {
+        self.land_all(user_fsync)?;
+        self.store.restore_mtime(&mut self.state.lock().store);
         if !self.state.lock().store.wrote() {
             // This run wrote nothing (a reader's fsync): no epoch to close, no header to write.
             return Ok(self.store.sync_lower(datasync)?);
@@ -130,7 +140,7 @@ impl Container {
         self.store.sync_lower(true)?;
         let reclaimed = {
             let _io = self.slot_io.write();
-            self.store.reclaim(&mut self.state.lock().store, was_stale, keep_for_reuse)
+            self.store.reclaim(&mut self.state.lock().store, was_stale, user_fsync)
         };
         self.store.restore_mtime(&mut self.state.lock().store);
         reclaimed
@@ -147,11 +157,19 @@ impl Container {
             st.store.header_stale = true;
         }
         let records = self.layout().plain_size_to_records(self.size());
-        let mut start = 0;
-        while start < records {
-            let end = (start + GROUP_RECORDS).min(records);
+        self.rewrite(0..records)?;
+        self.sync(true)?;
+        self.compact_tail()
+    }
+
+    /// Re-encodes the given stored records with the file's codec, a group at a time (memory
+    /// stays bounded). Each takes the ordinary write path as a rewrite: it lands only if
+    /// smaller, and a user's change of the record meanwhile wins.
+    fn rewrite(self: &Arc<Self>, records: impl IntoIterator<Item = u64>) -> FsResult<()> {
+        let mut records = records.into_iter().peekable();
+        while records.peek().is_some() {
             let mut batch = Vec::new();
-            for record in start..end {
+            for record in records.by_ref().take(GROUP_RECORDS as usize) {
                 let (_io, mut st) = self.lock_for_edit(record, false)?;
                 let st: &mut State = &mut st;
                 if self.store.stored_data(&mut st.store, record)? || st.buffers.is_pending(record) {
@@ -164,10 +182,35 @@ impl Container {
             let jobs = self.prepare(&mut self.state.lock(), &batch);
             self.engine.submit(jobs);
             self.wait_for_room();
-            start = end;
         }
-        self.sync(true)?;
-        self.compact_tail()
+        Ok(())
+    }
+
+    /// Re-encodes with the file's own codec the records a user's fsync landed with lz4
+    /// (`Setting::for_fsync`): those not fsynced again since the previous call (the writeback
+    /// tick's, every few seconds, as ZFS's transaction groups follow its intent log), or with
+    /// `all` every one (the last close). Hands them to the engine without waiting; returns
+    /// whether it did, so that the caller syncs to free their lz4 copies.
+    pub fn settle_interim(self: &Arc<Self>, all: bool) -> FsResult<bool> {
+        let (records, size_records) = {
+            let mut st = self.state.lock();
+            let quiet = std::mem::take(&mut st.interim.quiet);
+            let recent = std::mem::take(&mut st.interim.recent);
+            let records: BTreeSet<u64> = if all {
+                quiet.into_iter().chain(recent).collect()
+            } else {
+                st.interim.quiet = recent;
+                quiet
+            };
+            (records, self.layout().plain_size_to_records(st.store.size))
+        };
+        // Past the end: truncated away since.
+        let records: Vec<u64> = records.into_iter().filter(|&r| r < size_records).collect();
+        if records.is_empty() {
+            return Ok(false);
+        }
+        self.rewrite(records)?;
+        Ok(true)
     }
 
     /// After a rewrite the last record's copy may sit in its second slot, past where the lower
@@ -187,5 +230,26 @@ impl Container {
         self.sync(true)?;
         let _io = self.slot_io.write();
         self.store.cut_after_first_slot(&mut self.state.lock().store, last)
+    }
+}
+
+/// Records landed with lz4 by a user's fsync (`Setting::for_fsync`), for `settle_interim`.
+#[derive(Default)]
+pub(super) struct Interim {
+    /// Landed so since the last settle.
+    recent: BTreeSet<u64>,
+    /// Landed so before it, and not since: re-encoded by the next settle.
+    quiet: BTreeSet<u64>,
+}
+
+impl Interim {
+    /// `record` is handed to the engine, `interim`: with the fsync codec instead of the file's.
+    pub(super) fn sent(&mut self, record: u64, interim: bool) {
+        self.quiet.remove(&record);
+        if interim {
+            self.recent.insert(record);
+        } else {
+            self.recent.remove(&record);
+        }
     }
 }
