@@ -287,6 +287,8 @@ impl InodeTable {
 
     /// Closes the least recently used quarter of the cached descriptors.
     fn evict(&self) {
+        // Closed once the table is unlocked (see `forget`).
+        let mut closing = Vec::new();
         let t = self.inner.lock();
         let mut candidates: Vec<(u64, &Arc<Inode>)> =
             t.by_id.values().filter(|e| e.inode.nodeid != ROOT).map(|e| (e.inode.last_used.load(Ordering::Relaxed), &e.inode)).collect();
@@ -301,11 +303,14 @@ impl InodeTable {
                 continue;
             }
             let Some(mut place) = inode.place.try_lock() else { continue };
-            if place.fd.take().is_some() {
+            if let Some(fd) = place.fd.take() {
+                closing.push(fd);
                 self.open_fds.fetch_sub(1, Ordering::Relaxed);
                 to_close -= 1;
             }
         }
+        drop(t);
+        drop(closing);
     }
 
     fn nodeid_for(&self, t: &mut Tables, dev: u64, ino: u64) -> u64 {
@@ -548,18 +553,23 @@ impl InodeTable {
             return;
         }
         let mut t = self.inner.lock();
-        if let Some(e) = t.by_id.get_mut(&nodeid) {
-            e.lookups = e.lookups.saturating_sub(n);
-            // An inode whose content is still in memory stays, so that a new lookup finds that
-            // content rather than the stale lower file. (try_lock: the lock order is open →
-            // table, and a busy inode is in use anyway.)
-            let pinned = e.inode.open.try_lock().is_none_or(|open| open.content.is_some());
-            if e.lookups == 0 && !pinned {
-                let e = t.by_id.remove(&nodeid).expect("BUG: entry present");
-                if e.inode.place.lock().fd.take().is_some() {
-                    self.open_fds.fetch_sub(1, Ordering::Relaxed);
-                }
+        let Some(e) = t.by_id.get_mut(&nodeid) else { return };
+        e.lookups = e.lookups.saturating_sub(n);
+        // An inode whose content is still in memory stays, so that a new lookup finds that
+        // content rather than the stale lower file. (try_lock: the lock order is open →
+        // table, and a busy inode is in use anyway.)
+        let pinned = e.inode.open.try_lock().is_none_or(|open| open.content.is_some());
+        if e.lookups == 0 && !pinned {
+            let e = t.by_id.remove(&nodeid).expect("BUG: entry present");
+            // Closed with the table unlocked: the last close of an unlinked file frees its
+            // blocks on the lower (a journal transaction), and `rm -rf` sends the FORGET of
+            // each file beside its next request, which needs the table.
+            drop(t);
+            let fd = e.inode.place.lock().fd.take();
+            if fd.is_some() {
+                self.open_fds.fetch_sub(1, Ordering::Relaxed);
             }
+            drop(fd);
         }
     }
 
