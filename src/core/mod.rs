@@ -390,6 +390,11 @@ impl DenseFs {
                 if let Err(e) = c.writeback() {
                     tracing::warn!("background writeback: {e}");
                 }
+                // Only here, not in the memory budget's kick: re-encoding loads records, and a
+                // record counts as quiet after one whole tick without an fsync.
+                if let Err(e) = c.settle_interim(false) {
+                    tracing::warn!("re-encoding records fsync landed with lz4: {e}");
+                }
             }
         }
         // Files closed while their data could not be written: retry, and let go once it lands.

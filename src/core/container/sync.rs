@@ -74,8 +74,7 @@ impl Container {
     }
 
     /// Background writeback (every few seconds): starts compressing every dirty record without
-    /// waiting, and records the size once nothing is in flight, so a crash loses little. Records
-    /// a user's fsync landed with lz4 are re-encoded once a tick passed without another.
+    /// waiting, and records the size once nothing is in flight, so a crash loses little.
     pub fn writeback(self: &Arc<Self>) -> FsResult<()> {
         if self.state.lock().store.keeps_old_copies() {
             let _io = self.slot_io.write();
@@ -91,7 +90,6 @@ impl Container {
             self.prepare(&mut st, &records)
         };
         self.engine.submit(jobs);
-        self.settle_interim(false)?;
         Ok(())
     }
 
