@@ -512,7 +512,19 @@ def workloads_md(md, r, res):
             row += [f2(vs(d, b, sfget(k), True)) for k, _ in steps]
             row += [f2(vs(d, b, get_mb, False)), f2(vs(d, b, get_iops, False))]
             rows.append(row)
+        # A reference for any FUSE file system on this machine: bindfs passes each request straight to
+        # the lower directory and compresses nothing, so its small-file ratios (bindfs ÷ the same btrfs)
+        # show what the kernel's round trips per file leave.
+        if "bindfs" in sf:
+            for b in dict.fromkeys(b for _, b in prs if b in sf):
+                rows.append([f"bindfs (plain FUSE, no compression) / {r.name(b)}"] +
+                            [f2(vs("bindfs", b, sfget(k), True)) for k, _ in steps] + ["–", "–"])
         md.append(table(["densefs / btrfs"] + [t for _, t in steps] + ["large cold read MB/s", "fsync 4K IOPS"], rows))
+        if "bindfs" in sf:
+            md.append("The bindfs rows are a reference, not a densefs setting: a FUSE passthrough that compresses "
+                      "nothing pays the same kernel round trips per file as densefs (LOOKUP, CREATE, SETATTR, "
+                      "GETXATTR, FLUSH, RELEASE...), so the small-file steps of any FUSE file system here land near "
+                      "these ratios.\n")
 
     if sf:
         t = m.get("tree", {})
