@@ -492,3 +492,44 @@ fn a_reader_moves_the_access_time_as_on_the_lower_and_a_listing_does_not() {
         assert_eq!(fs::metadata(d.lower.join(name)).unwrap().atime(), long_ago.tv_sec, "the daemon's reads moved {name}'s access time");
     }
 }
+
+/// A daemon held to 256 descriptors (`ulimit -n 256` where it may not be raised) takes a tree of
+/// thousands of files that the kernel keeps cached: the inode table closes the least recently
+/// used descriptors and opens them again when they are used. The threshold for evicting used to
+/// creep up by one with every eviction, and after some 3,000 new files every create and every
+/// listing failed with EMFILE ("Too many open files").
+#[test]
+fn a_daemon_held_to_256_descriptors_takes_thousands_of_cached_files() {
+    const DIRS: usize = 60;
+    const FILES: usize = 100;
+    let d = Dirs::new();
+    let m = Mount::with_fd_limit(&d.lower, &d.mnt, "", 256);
+    let pid = m.child.as_ref().expect("daemon running").id();
+    let limits = fs::read_to_string(format!("/proc/{pid}/limits")).unwrap();
+    let nofile = limits.lines().find(|l| l.starts_with("Max open files")).expect("Max open files");
+    assert_eq!(nofile.split_whitespace().nth(3), Some("256"), "the daemon raised its limit: {nofile}");
+    let content = |dir: usize, file: usize| compressible(500 + file * 37, (dir * FILES + file) as u64);
+    for dir in 0..DIRS {
+        let path = m.path(&format!("d{dir}"));
+        fs::create_dir(&path).unwrap();
+        for file in 0..FILES {
+            fs::write(path.join(format!("f{file}")), content(dir, file))
+                .unwrap_or_else(|e| panic!("creating d{dir}/f{file}: {e} (daemon descriptors: {})", daemon_fds(&m)));
+        }
+    }
+    assert!(daemon_fds(&m) < 200, "{} descriptors open in the daemon", daemon_fds(&m));
+    let (_, kept) = census(&d.mnt);
+    assert!(kept <= 128, "the inode table keeps {kept} descriptors, over half the limit");
+    // Everything is listed and reads back: the evicted inodes open again.
+    for dir in 0..DIRS {
+        let path = m.path(&format!("d{dir}"));
+        assert_eq!(fs::read_dir(&path).unwrap().count(), FILES);
+        for file in 0..FILES {
+            let want = content(dir, file);
+            let p = path.join(format!("f{file}"));
+            assert_eq!(fs::metadata(&p).unwrap().len(), want.len() as u64);
+            assert!(fs::read(&p).unwrap() == want, "d{dir}/f{file} reads back wrong");
+        }
+    }
+    m.unmount();
+}

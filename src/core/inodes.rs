@@ -280,12 +280,19 @@ impl InodeTable {
     fn opened_fd(&self) {
         if self.open_fds.fetch_add(1, Ordering::Relaxed) + 1 > self.evict_above.load(Ordering::Relaxed) {
             self.evict();
+            // Back under the budget: evict again when past it. Still over (descriptors of open
+            // files cannot be closed): when a quarter of the budget more is open, so that each
+            // further open does not scan the table again.
             let now = self.open_fds.load(Ordering::Relaxed);
-            self.evict_above.store(self.fd_budget.max(now + self.fd_budget / 4), Ordering::Relaxed);
+            let above = if now < self.fd_budget { self.fd_budget } else { now + self.fd_budget / 4 };
+            self.evict_above.store(above, Ordering::Relaxed);
         }
     }
 
-    /// Closes the least recently used quarter of the cached descriptors.
+    /// Closes the least recently used cached descriptors, down to three quarters of the budget
+    /// where that many are not held by open files. (Closing a fixed quarter let the count creep
+    /// up by one with every eviction, the open that crossed the threshold, until the process ran
+    /// out of descriptors.)
     fn evict(&self) {
         // Closed once the table is unlocked (see `forget`).
         let mut closing = Vec::new();
@@ -293,7 +300,7 @@ impl InodeTable {
         let mut candidates: Vec<(u64, &Arc<Inode>)> =
             t.by_id.values().filter(|e| e.inode.nodeid != ROOT).map(|e| (e.inode.last_used.load(Ordering::Relaxed), &e.inode)).collect();
         candidates.sort_by_key(|(used, _)| *used);
-        let mut to_close = self.fd_budget / 4;
+        let mut to_close = self.open_fds.load(Ordering::Relaxed).saturating_sub(self.fd_budget - self.fd_budget / 4);
         for (_, inode) in candidates {
             if to_close == 0 {
                 break;
@@ -609,5 +616,76 @@ impl InodeTable {
         // (opening resolves properties up the parent chain), never after it.
         let inodes: Vec<Arc<Inode>> = self.inner.lock().by_id.values().map(|e| e.inode.clone()).collect();
         inodes.iter().filter_map(|inode| inode.open_content()).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A table over a temporary directory of `files` files, with room for `budget` descriptors.
+    fn table_over(files: usize, budget: usize) -> (tempfile::TempDir, InodeTable) {
+        let dir = tempfile::tempdir().unwrap();
+        for i in 0..files {
+            std::fs::write(dir.path().join(format!("f{i}")), b"x").unwrap();
+        }
+        let root = lower::open_root(dir.path()).unwrap();
+        let st = lower::stat_fd(root.as_raw_fd()).unwrap();
+        (dir, InodeTable::new(root, st.st_dev, st.st_ino, budget))
+    }
+
+    /// Looks up `f{i}` as the kernel's LOOKUP does: an O_PATH descriptor for the table.
+    fn look_up(table: &InodeTable, i: usize) -> Arc<Inode> {
+        let root = table.node(ROOT).unwrap();
+        let name = OsString::from(format!("f{i}"));
+        let fd = lower::open_path(root.raw_fd(), &name).unwrap();
+        let st = lower::stat_fd(fd.as_raw_fd()).unwrap();
+        table.remember(ROOT, &name, fd, false, &st)
+    }
+
+    #[test]
+    fn cached_descriptors_stay_within_the_budget_however_many_files_are_looked_up() {
+        // 64 a quarter at a time: before the fix the threshold crept up by one per eviction,
+        // past 200 descriptors after these 4,000 lookups (a daemon with `ulimit -n 256` ran out).
+        let (_dir, table) = table_over(4000, 64);
+        let first = look_up(&table, 0);
+        for i in 1..4000 {
+            look_up(&table, i);
+            let (_, open) = table.census();
+            assert!(open <= 64, "after {} lookups the table keeps {open} descriptors, over its budget of 64", i + 1);
+        }
+        // The first file's descriptor went long ago; using it opens it again.
+        assert!(first.place.lock().fd.is_none());
+        let node = table.node(first.nodeid).unwrap();
+        assert_eq!(lower::stat_fd(node.raw_fd()).unwrap().st_ino, first.ino);
+    }
+
+    #[test]
+    fn open_files_over_the_budget_do_not_make_every_lookup_scan_and_the_budget_returns_when_they_close() {
+        let (_dir, table) = table_over(1000, 64);
+        // 100 files held open (their descriptors cannot be closed): more than the budget.
+        let held: Vec<Arc<Inode>> = (0..100)
+            .map(|i| {
+                let inode = look_up(&table, i);
+                inode.open.lock().handles = 1;
+                inode
+            })
+            .collect();
+        for i in 100..600 {
+            look_up(&table, i);
+            let (_, open) = table.census();
+            // Held, the root's, and a quarter of the budget between scans.
+            assert!(open <= 100 + 1 + 16, "{open} descriptors with 100 held open and a budget of 64");
+        }
+        assert!(table.evict_above.load(Ordering::Relaxed) > 100, "evicts again only past what is held open");
+        for inode in &held {
+            inode.open.lock().handles = 0;
+        }
+        for i in 600..1000 {
+            look_up(&table, i);
+        }
+        let (_, open) = table.census();
+        assert!(open <= 64, "{open} descriptors once the files closed");
+        assert_eq!(table.evict_above.load(Ordering::Relaxed), 64);
     }
 }

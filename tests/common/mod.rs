@@ -45,9 +45,36 @@ impl Mount {
 
     /// As `new`, with extra environment variables for the daemon (e.g. a test accelerator).
     pub fn with_env(lower: &Path, mnt: &Path, options: &str, env: &[(&str, &str)]) -> Mount {
-        let log = mnt.with_extension(format!("log.{}", std::process::id()));
         let mut cmd = Command::new(BIN);
         cmd.envs(env.iter().copied());
+        Mount::spawn(cmd, lower, mnt, options)
+    }
+
+    /// As `new`, with the daemon held to `limit` open descriptors, as `ulimit -n` does where
+    /// it may not be raised: the daemon loses CAP_SYS_RESOURCE (it would raise its limit to
+    /// fs.nr_open with it) before the limit is set.
+    pub fn with_fd_limit(lower: &Path, mnt: &Path, options: &str, limit: u64) -> Mount {
+        use std::os::unix::process::CommandExt;
+        const CAP_SYS_RESOURCE: libc::c_ulong = 24; // linux/capability.h
+        let mut cmd = Command::new(BIN);
+        // SAFETY: prctl and setrlimit are async-signal-safe and only read their arguments.
+        unsafe {
+            cmd.pre_exec(move || {
+                if libc::prctl(libc::PR_CAPBSET_DROP, CAP_SYS_RESOURCE, 0, 0, 0) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                let lim = libc::rlimit { rlim_cur: limit, rlim_max: limit };
+                if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        Mount::spawn(cmd, lower, mnt, options)
+    }
+
+    fn spawn(mut cmd: Command, lower: &Path, mnt: &Path, options: &str) -> Mount {
+        let log = mnt.with_extension(format!("log.{}", std::process::id()));
         cmd.arg("mount").arg("-f");
         if !options.is_empty() {
             cmd.arg("-o").arg(options);
