@@ -326,15 +326,8 @@ impl Filesystem for FuseAdapter {
     }
 
     fn readdir(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
-        match self.fs.readdir(fh.0, offset) {
-            Ok(entries) => {
-                for (next, e) in entries {
-                    if reply.add(INodeNo(e.ino), next, file_type(e.kind), &e.name) {
-                        break;
-                    }
-                }
-                reply.ok();
-            }
+        match self.fs.readdir(fh.0, offset, |next, e| reply.add(INodeNo(e.ino), next, file_type(e.kind), &e.name)) {
+            Ok(()) => reply.ok(),
             Err(e) => reply.error(errno("readdir", e)),
         }
     }

@@ -252,16 +252,19 @@ impl DenseFs {
         Ok(self.new_handle(Handle::Dir { nodeid, entries: Arc::new(entries), headers_ahead: Default::default() }))
     }
 
-    /// Entries from `offset` on, each with the offset of the next one.
-    pub fn readdir(&self, fh: u64, offset: u64) -> FsResult<Vec<(u64, DirEntry)>> {
+    /// Entries from `offset` on, each with the offset of the next one, handed to `emit` until it
+    /// answers that the reply is full. (Not a list of every remaining entry: the kernel asks a
+    /// page at a time, and copying the rest of a directory of 600,000 names for each page took
+    /// `ls -f` 14 s instead of 2.)
+    pub fn readdir(&self, fh: u64, offset: u64, mut emit: impl FnMut(u64, &DirEntry) -> bool) -> FsResult<()> {
         let handle = self.handle(fh)?;
         let Handle::Dir { entries, .. } = &*handle else { return Err(FsError::errno(libc::ENOTDIR)) };
-        Ok(entries
-            .iter()
-            .enumerate()
-            .skip(offset as usize)
-            .map(|(i, e)| (i as u64 + 1, DirEntry { ino: e.ino, kind: e.kind, name: e.name.clone(), surely_regular: e.surely_regular }))
-            .collect())
+        for (i, entry) in entries.iter().enumerate().skip(offset as usize) {
+            if emit(i as u64 + 1, entry) {
+                break;
+            }
+        }
+        Ok(())
     }
 
     /// READDIRPLUS: entries from `offset` on with their attributes, handed to `emit` (with the
