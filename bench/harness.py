@@ -12,6 +12,7 @@ bindfs (FUSE passthrough) and the bare lower directory. Experiments (numbered as
   7 smallfiles  untar, ls -lR cold, cat every file cold, rm -rf of a tree of ~30k small files  } workloads.py
   8 bigread     a large FASTQ read cold (MB/s)                                                   }
   9 fsync       fio 4K random writes, each fsync'd (IOPS)                                        }
+ 10 bigdir      create, ls -f, ls -l, rm -rf of one directory of 200,000 small files             }
 --experiments picks some (default: all). Everything is written to results.json; report.py turns it into report.md and PNG plots.
 Every mount, loop device, zpool and daemon made here is undone on exit, failure or signal.
 """
@@ -952,7 +953,7 @@ class Env:
         self.work = Path(args.work).resolve()
         self.img_gib = args.img_gib
         self.lower_fs = args.lower
-        self.results = {"copy": [], "fio": [], "samtools": [], "smallfiles": [], "bigread": [], "fsync": [],
+        self.results = {"copy": [], "fio": [], "samtools": [], "smallfiles": [], "bigread": [], "fsync": [], "bigdir": [],
                         "skipped": [], "systems": {}}
         self.pkgs = {}
         self.densefs = None
@@ -1037,8 +1038,9 @@ def parse_args(argv):
     ap.add_argument("--other-size", type=int, help="random and fio90 data MiB (default 32; quick 2)")
     ap.add_argument("--sam-size", type=int, help="SAM MiB for samtools sort (default 128; quick 4)")
     ap.add_argument("--big-size", type=int, help="FASTQ MiB for bigread (default 1024; quick 16)")
-    ap.add_argument("--reps", type=int, help="repetitions of a short copy + read (the best kept) and of smallfiles "
-                    "and bigread (the median kept) (default 3; quick 1)")
+    ap.add_argument("--bigdir-files", type=int, help="files in bigdir's one directory (default 200000; quick 2000)")
+    ap.add_argument("--reps", type=int, help="repetitions of a short copy + read (the best kept) and of smallfiles, "
+                    "bigread and bigdir (the median kept) (default 3; quick 1)")
     ap.add_argument("--rep-limit", type=float, default=2.0,
                     help="repeat only when the first copy + read took less than this many seconds")
     ap.add_argument("--full-fio", action="store_true",
@@ -1060,6 +1062,7 @@ def parse_args(argv):
     a.other_size = a.other_size or (2 if q else 32)
     a.sam_size = a.sam_size or (4 if q else 128)
     a.big_size = a.big_size or (16 if q else 1024)
+    a.bigdir_files = a.bigdir_files or (2000 if q else 200_000)
     a.verify = a.verify or q
     a.reps = a.reps or (1 if q else 3)
     a.work = a.work or f"/var/tmp/densefs-bench/{'quick' if q else 'full'}"

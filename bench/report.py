@@ -474,7 +474,8 @@ def workloads_md(md, r, res):
     sf = {x["system"]: x for x in res.get("smallfiles", []) if "untar" in x}
     br = {x["system"]: x for x in res.get("bigread", []) if "read" in x}
     fs = {x["system"]: x for x in res.get("fsync", []) if "iops" in x}
-    if not (sf or br or fs):
+    bd = {x["system"]: x for x in res.get("bigdir", []) if "create" in x}
+    if not (sf or br or fs or bd):
         return
     steps = [("untar", "untar + sync"), ("ls", "ls -lR cold"), ("cat", "cat every file cold"), ("rm", "rm -rf + sync")]
 
@@ -593,6 +594,29 @@ def workloads_md(md, r, res):
                          f"{x['cpu_util'] * 100:.0f}%", f2(x.get("fs_cpu_s"), 1)])
         md.append(table(["system", "IOPS", "MB/s", "write µs", "fsync µs", "densefs ÷ btrfs (IOPS), higher is better",
                          "CPU util", "FS cpu s"], rows))
+
+    if bd:
+        x = next(iter(bd.values()))
+        dsteps = [("create", "create + sync"), ("ls_f", "ls -f cold"), ("ls_l", "ls -l cold"), ("rm", "rm -rf + sync")]
+
+        def bdget(k):
+            return lambda s: bd[s][k]["seconds"] if s in bd else None
+        md.append(f"## 10. One directory of {x['files']} small files\n")
+        md.append(f"One process creates {x['files']} files of 16 bytes in one directory (`open`, `write`, `close` "
+                  "each), then `sync`; `ls -f DIR` cold lists the names only (READDIR through FUSE); `ls -l DIR` "
+                  "cold asks every entry's attributes (READDIRPLUS); `rm -rf DIR` then `sync`. Cold as in "
+                  f"section 7. Seconds are the median of {x.get('runs', 1)} run(s) (**lower is better**); `listed`: "
+                  "both listings showed every file.\n")
+        rows = []
+        for s in [s for s in r.order if s in bd]:
+            x = bd[s]
+            ratio = [ratio_of(s, bd, bdget(k), True) for k, _ in dsteps]
+            rows.append([r.name(s)] + [f2(x[k]["seconds"]) for k, _ in dsteps] +
+                        [" / ".join(c.split("×")[0] for c in ratio) if ratio[0] != "–" else "–",
+                         "yes" if x.get("listed_all") else "NO",
+                         " / ".join(" ".join(f"{v:.2f}" for v in x[k]["all_s"]) for k, _ in dsteps)])
+        md.append(table(["system"] + [f"{t} s" for _, t in dsteps] +
+                        ["densefs ÷ btrfs (create / ls -f / ls -l / rm), higher is better", "listed", "runs s"], rows))
 
 
 if __name__ == "__main__":

@@ -6,6 +6,8 @@
                 the median MB/s of --reps
   9 fsync       fio randwrite bs=4k fsync=1 ioengine=psync on a 64 MiB file (laid out first), time-based;
                 IOPS
+ 10 bigdir      one directory of --bigdir-files small files (16 bytes each; --quick: 2,000): create + sync,
+                `ls -f` cold (names only), `ls -l` cold (attributes), rm -rf + sync; the median of --reps
 Each step is timed with the harness's Meter (CPU of the cores in use and of the daemon). The harness is
 handed over by bind() (it runs as __main__; importing it here would load a second copy).
 """
@@ -17,7 +19,7 @@ from pathlib import Path
 
 h = None  # the harness module (bind)
 
-EXPERIMENTS = ("smallfiles", "bigread", "fsync")
+EXPERIMENTS = ("smallfiles", "bigread", "fsync", "bigdir")
 TREE = ["usr/include", "usr/share/doc"]
 TREE_QUICK = ["usr/include/linux"]
 # By default these run on one system per family and algorithm that btrfs has too (lz4 ~ lzo, zstd-3).
@@ -201,6 +203,52 @@ def exp_fsync(system, cpus, size, runtime):
     return rec
 
 
+def exp_bigdir(system, cpus, files, reps):
+    """10: one directory of `files` small files: create + sync, `ls -f` cold (READDIR: names only),
+    `ls -l` cold (READDIRPLUS: attributes too), rm -rf + sync; `reps` times, the medians kept."""
+    d = system.path / "bigdir"
+    steps = {"create": [], "ls_f": [], "ls_l": [], "rm": []}
+    listed = {}
+
+    def create():
+        # One process writes them all, as a program saving its outputs would (no fork per file).
+        h.run(["python3", "-c", "import os, sys\n"
+               "for i in range(int(sys.argv[2])):\n"
+               "    fd = os.open(f'{sys.argv[1]}/f{i:08d}', os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)\n"
+               "    os.write(fd, b'%015d\\n' % i)\n"
+               "    os.close(fd)\n", str(d), str(files)], timeout=None)
+        system.sync()
+
+    def ls(flag):
+        def go():
+            p = h.run(["bash", "-c", 'set -o pipefail; ls "$1" "$2" | wc -l', "-", flag, str(d)], timeout=None)
+            listed[flag] = int(p.stdout.split()[-1])
+        return go
+
+    def rm():
+        h.run(["rm", "-rf", str(d)], timeout=None)
+        system.sync()
+
+    try:
+        for _ in range(reps):
+            d.mkdir()
+            steps["create"].append(timed(system, cpus, False, create))
+            steps["ls_f"].append(timed(system, cpus, True, ls("-f")))
+            steps["ls_l"].append(timed(system, cpus, True, ls("-l")))
+            steps["rm"].append(timed(system, cpus, False, rm))
+        # ls -f lists . and .. too; ls -l starts with a "total" line.
+        rec = {k: dict(median_run(v), all_s=[r["seconds"] for r in v]) for k, v in steps.items()}
+        rec.update(files=files, runs=reps, listed_all=listed.get("-f") == files + 2 and listed.get("-l") == files + 1)
+        c, f, l, r = (rec[k]["seconds"] for k in ("create", "ls_f", "ls_l", "rm"))
+        h.log(f"{system.name:18} bigdir {files} x{reps}: create {c:6.2f}s ls -f {f:5.2f}s ls -l {l:6.2f}s "
+              f"rm {r:5.2f}s {'all listed' if rec['listed_all'] else 'LISTED ' + str(listed)}")
+    except Exception as e:
+        rec = {"error": str(e)}
+        h.log(f"{system.name}: bigdir: {e}")
+    h.run(["rm", "-rf", str(d)], check=False, timeout=None)
+    return rec
+
+
 def run_all(env, system, data, cpus, args):
     """The selected workloads on one system (set up by the harness), into env.results."""
     for name in EXPERIMENTS:
@@ -210,6 +258,8 @@ def run_all(env, system, data, cpus, args):
             r = exp_smallfiles(system, data["tree"], env.results["meta"]["tree"], cpus, args.reps)
         elif name == "bigread":
             r = exp_bigread(system, data["big"], cpus, args.reps, args.verify)
+        elif name == "bigdir":
+            r = exp_bigdir(system, cpus, args.bigdir_files, args.reps)
         else:
             r = exp_fsync(system, cpus, env.fsync_size, env.fsync_runtime)
         r.update(system=system.id, cores=len(cpus), experiment=name)
