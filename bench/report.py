@@ -495,6 +495,14 @@ def workloads_md(md, r, res):
     def sfget(k):
         return lambda s: sf[s][k]["seconds"] if s in sf else None
 
+    def step_cells(s, tab, stps):
+        """A system's median seconds per step, densefs ÷ btrfs per step, and every run's seconds."""
+        x = tab[s]
+        ratio = [ratio_of(s, tab, lambda t, k=k: tab[t][k]["seconds"] if t in tab else None, True) for k, _ in stps]
+        return ([f2(x[k]["seconds"]) for k, _ in stps],
+                " / ".join(c.split("×")[0] for c in ratio) if ratio[0] != "–" else "–",
+                " / ".join(" ".join(f"{v:.2f}" for v in x[k]["all_s"]) for k, _ in stps))
+
     def get_mb(s):
         return br[s]["read"]["mb_s"] if s in br else None
 
@@ -544,12 +552,10 @@ def workloads_md(md, r, res):
         rows = []
         for s in [s for s in r.order if s in sf]:
             x = sf[s]
-            ratio = [ratio_of(s, sf, sfget(k), True) for k, _ in steps]
-            rows.append([r.name(s)] + [f2(x[k]["seconds"]) for k, _ in steps] +
+            secs, ratio, runs = step_cells(s, sf, steps)
+            rows.append([r.name(s)] + secs +
                         [f2(x["cat"].get("mb_s"), 0), f2(x["untar"]["cpu_busy_s"], 1), f2(x["untar"]["fs_cpu_s"], 1),
-                         " / ".join(c.split("×")[0] for c in ratio) if ratio[0] != "–" else "–",
-                         "yes" if x.get("verified") else ("DIFFERS" if "verified" in x else "–"),
-                         " / ".join(" ".join(f"{v:.2f}" for v in x[k]["all_s"]) for k, _ in steps)])
+                         ratio, "yes" if x.get("verified") else ("DIFFERS" if "verified" in x else "–"), runs])
         md.append(table(["system"] + [f"{t} s" for _, t in steps] +
                         ["cat MB/s", "untar CPU s", "untar FS cpu s",
                          "densefs ÷ btrfs (untar / ls / cat / rm), higher is better", "checked", "runs s"], rows))
@@ -598,9 +604,6 @@ def workloads_md(md, r, res):
     if bd:
         x = next(iter(bd.values()))
         dsteps = [("create", "create + sync"), ("ls_f", "ls -f cold"), ("ls_l", "ls -l cold"), ("rm", "rm -rf + sync")]
-
-        def bdget(k):
-            return lambda s: bd[s][k]["seconds"] if s in bd else None
         md.append(f"## 10. One directory of {x['files']} small files\n")
         md.append(f"One process creates {x['files']} files of 16 bytes in one directory (`open`, `write`, `close` "
                   "each), then `sync`; `ls -f DIR` cold lists the names only (READDIR through FUSE); `ls -l DIR` "
@@ -609,12 +612,8 @@ def workloads_md(md, r, res):
                   "both listings showed every file.\n")
         rows = []
         for s in [s for s in r.order if s in bd]:
-            x = bd[s]
-            ratio = [ratio_of(s, bd, bdget(k), True) for k, _ in dsteps]
-            rows.append([r.name(s)] + [f2(x[k]["seconds"]) for k, _ in dsteps] +
-                        [" / ".join(c.split("×")[0] for c in ratio) if ratio[0] != "–" else "–",
-                         "yes" if x.get("listed_all") else "NO",
-                         " / ".join(" ".join(f"{v:.2f}" for v in x[k]["all_s"]) for k, _ in dsteps)])
+            secs, ratio, runs = step_cells(s, bd, dsteps)
+            rows.append([r.name(s)] + secs + [ratio, "yes" if bd[s].get("listed_all") else "NO", runs])
         md.append(table(["system"] + [f"{t} s" for _, t in dsteps] +
                         ["densefs ÷ btrfs (create / ls -f / ls -l / rm), higher is better", "listed", "runs s"], rows))
 

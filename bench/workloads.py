@@ -36,6 +36,11 @@ def median_run(runs):
     return sorted(runs, key=lambda r: r["seconds"])[(len(runs) - 1) // 2]
 
 
+def medians(steps):
+    """Each step's median run, with every run's seconds (`all_s`)."""
+    return {k: dict(median_run(v), all_s=[r["seconds"] for r in v]) for k, v in steps.items()}
+
+
 # ----------------------------------------------------------------------------- data
 
 def tree_tar(data, quick):
@@ -135,7 +140,7 @@ def exp_smallfiles(system, tar, info, cpus, reps):
                     kinds[k] = kinds.get(k, 0) + 1
                 check = {"verified": p.returncode == 0, "verify_diff": lines[:10], "verify_kinds": kinds}
             steps["rm"].append(timed(system, cpus, False, rm))
-        rec = {k: dict(median_run(v), all_s=[r["seconds"] for r in v]) for k, v in steps.items()}
+        rec = medians(steps)
         rec.update(check, runs=reps)
         u, ls, c, r = (rec[k]["seconds"] for k in ("untar", "ls", "cat", "rm"))
         h.log(f"{system.name:18} smallfiles x{reps}: untar {u:6.2f}s ls -lR {ls:5.2f}s cat {c:6.2f}s rm {r:5.2f}s "
@@ -237,7 +242,7 @@ def exp_bigdir(system, cpus, files, reps):
             steps["ls_l"].append(timed(system, cpus, True, ls("-l")))
             steps["rm"].append(timed(system, cpus, False, rm))
         # ls -f lists . and .. too; ls -l starts with a "total" line.
-        rec = {k: dict(median_run(v), all_s=[r["seconds"] for r in v]) for k, v in steps.items()}
+        rec = medians(steps)
         rec.update(files=files, runs=reps, listed_all=listed.get("-f") == files + 2 and listed.get("-l") == files + 1)
         c, f, l, r = (rec[k]["seconds"] for k in ("create", "ls_f", "ls_l", "rm"))
         h.log(f"{system.name:18} bigdir {files} x{reps}: create {c:6.2f}s ls -f {f:5.2f}s ls -l {l:6.2f}s "
