@@ -320,3 +320,36 @@ fn list_names_a_mount_whose_daemon_is_gone_and_lists_the_others() {
     drop(dead);
     live.unmount();
 }
+
+/// A lower on a read-only file system (a snapshot, a read-only export) mounts read-only: files
+/// read, writes fail with EROFS in the kernel, and findmnt says `ro`.
+#[test]
+fn a_lower_on_a_read_only_file_system_mounts_read_only() {
+    let d = Dirs::new();
+    let m = Mount::new(&d.lower, &d.mnt, "compression=gzip-1");
+    let data = common::compressible(300_000, 7);
+    std::fs::write(m.path("kept"), &data).unwrap();
+    m.unmount();
+    let script = r#"
+        set -u
+        mkdir -p "$T/varlog" "$T/rolower"
+        mount --bind "$T/varlog" /var/log || exit 9
+        mount --bind "$T/lower" "$T/rolower" && mount -o remount,bind,ro "$T/rolower" || exit 9
+        "$BIN" mount "$T/rolower" "$T/mnt" 2>"$T/err"; echo "mount $?"
+        findmnt -n -o OPTIONS "$T/mnt" | cut -d, -f1 | sed 's/^/opts /'
+        cmp -s "$T/mnt/kept" "$T/expected"; echo "read $?"
+        echo x 2>"$T/werr" > "$T/mnt/new"; echo "write $?"
+        "$BIN" umount "$T/mnt"; echo "umount $?"
+        echo "err $(cat "$T/err")"
+        echo "werr $(cat "$T/werr")"
+    "#;
+    std::fs::write(d.root.path().join("expected"), &data).unwrap();
+    let out = in_private_namespace(script, d.root.path());
+    let shown = text(&out.stdout);
+    for line in ["mount 0", "opts ro", "read 0", "write 1", "umount 0"] {
+        assert!(shown.lines().any(|l| l == line), "missing '{line}' in:\n{shown}\nstderr: {}", text(&out.stderr));
+    }
+    assert!(shown.contains("is on a read-only file system: mounting read-only"), "{shown}");
+    assert!(shown.contains("Read-only file system"), "{shown}");
+    assert!(!d.lower.join("new").exists());
+}

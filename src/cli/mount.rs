@@ -32,6 +32,17 @@ pub(super) fn lock_lower(lower: &Path, wait: bool) -> std::io::Result<File> {
 }
 
 /// Is some densefs mount serving `lower` right now?
+/// Whether the file system `path` is on is mounted read-only (statvfs's ST_RDONLY).
+fn on_read_only_fs(path: &Path) -> bool {
+    let Ok(c) = CString::new(path.as_os_str().as_bytes()) else { return false };
+    // SAFETY: a statvfs is plain integers (all zeros is valid); statvfs reads a NUL-terminated
+    // path and writes one statvfs into `st`.
+    unsafe {
+        let mut st: libc::statvfs = std::mem::zeroed();
+        libc::statvfs(c.as_ptr(), &mut st) == 0 && st.f_flag & libc::ST_RDONLY != 0
+    }
+}
+
 fn is_served(lower: &Path) -> bool {
     mountinfo().iter().any(|m| m.is_densefs() && m.source == lower)
 }
@@ -76,7 +87,7 @@ pub fn mount_or_remount(lower: &Path, mountpoint: &Path, options: &str, foregrou
     mount(lower, mountpoint, parse_mount_options(options)?, foreground, log)
 }
 
-pub fn mount(lower: &Path, mountpoint: &Path, config: MountConfig, foreground: bool, mut log: Option<PathBuf>) -> Result<(), String> {
+pub fn mount(lower: &Path, mountpoint: &Path, mut config: MountConfig, foreground: bool, mut log: Option<PathBuf>) -> Result<(), String> {
     // The daemon must outlive whatever read its output: a write to a closed pipe is an error, not
     // a death (the command line resets SIGPIPE to its default for the other commands).
     // SAFETY: setting a signal's disposition to SIG_IGN installs no handler code.
@@ -96,6 +107,12 @@ pub fn mount(lower: &Path, mountpoint: &Path, config: MountConfig, foreground: b
             mountpoint.display(),
             existing.source.display()
         ));
+    }
+    if !config.read_only() && on_read_only_fs(&lower) {
+        // A snapshot or a read-only export: writes fail at once with EROFS (in the kernel, no
+        // round trip), and mount(8) and findmnt show `ro` instead of a `rw` that refuses writes.
+        eprintln!("densefs: {} is on a read-only file system: mounting read-only", lower.display());
+        config.fuse_options.push(fuser::MountOption::RO);
     }
     if lower != mountpoint && (lower.starts_with(&mountpoint) || mountpoint.starts_with(&lower)) {
         // Mounting over the lower directory itself works (the daemon holds it open first);
