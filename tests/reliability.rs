@@ -119,6 +119,12 @@ fn a_file_closed_on_a_full_disk_keeps_its_data_until_it_can_be_written() {
     let mut back = Vec::new();
     fs::File::open(m.path("late")).unwrap().read_to_end(&mut back).unwrap();
     assert!(back == acknowledged, "closed file lost acknowledged data ({} of {} bytes)", back.len(), acknowledged.len());
+    // `densefs umount` refuses to drop it, and says why and what to do.
+    let refused = Command::new(BIN).arg("umount").arg(&m.mnt).output().unwrap();
+    let said = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success(), "umount dropped a file held in memory only");
+    assert!(said.contains("1 closed file(s)") && said.contains("densefs umount --force"), "{said}");
+    assert!(fs::read(m.path("late")).unwrap() == acknowledged, "still mounted, still there");
     // Space comes back: background writeback lands it without anyone reopening the file.
     fs::remove_file(m.path("filler")).unwrap();
     wait_until("the log to say it was written", || m.log_text().contains("now written"));
@@ -204,8 +210,12 @@ fn lower_io_errors_reach_the_caller_as_eio_never_as_wrong_data() {
     // The daemon is alive and serving.
     assert!(m.child.as_ref().is_some(), "daemon handle");
     fs::write(m.path("after"), b"still here").unwrap();
+    // The file whose first write failed is held in memory since its close (umount would refuse
+    // to drop it): once its lower file takes writes again, it lands.
+    fs::rename(m.path("x.eio-write"), m.path("x")).unwrap();
     m.unmount();
     let m = Mount::new(&d.lower, &d.mnt, "");
+    assert_eq!(fs::read(m.path("x")).unwrap(), b"x");
     assert!(fs::read(m.path("r")).unwrap() == data);
     assert!(fs::read(m.path("w")).unwrap()[..acknowledged] == w[..acknowledged]);
     assert!(fs::read(m.path("s")).unwrap() == s);

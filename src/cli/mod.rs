@@ -72,8 +72,15 @@ enum Command {
         lower: PathBuf,
         mountpoint: PathBuf,
     },
-    /// Unmount a densefs mount, waiting until everything is written back.
-    Umount { mountpoint: PathBuf },
+    /// Unmount a densefs mount, waiting until everything is written back. Refused while files
+    /// closed on a full, read-only or failing lower are held in memory only (the daemon retries
+    /// them every few seconds): unmounting would lose them.
+    Umount {
+        /// Unmount even so: files held in memory are lost.
+        #[arg(long)]
+        force: bool,
+        mountpoint: PathBuf,
+    },
     /// Set properties on a directory: files created below it (until a deeper directory sets its
     /// own) use them. Properties: {properties}.
     Set {
@@ -262,7 +269,7 @@ pub fn run(cli: Cli) -> ExitCode {
         Command::Mount { foreground, options, log, lower, mountpoint } => {
             mount::mount_or_remount(&lower, &mountpoint, &options.join(","), foreground, log)
         }
-        Command::Umount { mountpoint } => mount::umount(&mountpoint),
+        Command::Umount { force, mountpoint } => mount::umount(&mountpoint, force),
         Command::Set { assignments, directory } => props::set(&assignments, &directory),
         Command::Inherit { property, directory } => props::inherit(&property, &directory),
         Command::Get { scripted, parsable, columns, json, properties, paths } => {

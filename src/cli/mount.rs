@@ -303,9 +303,20 @@ pub fn remount(mountpoint: &Path, options: &str) -> Result<(), String> {
 }
 
 /// Unmounts, then waits for the daemon to finish writing back and makes the lower durable.
-pub fn umount(mountpoint: &Path) -> Result<(), String> {
+pub fn umount(mountpoint: &Path, force: bool) -> Result<(), String> {
     let mountpoint = std::fs::canonicalize(mountpoint).unwrap_or_else(|_| mountpoint.to_path_buf());
     let source = mount_source(&mountpoint).ok_or_else(|| format!("{} is not a densefs mount", mountpoint.display()))?;
+    // A daemon that cannot be asked (gone, hung) has nothing to say here: unmount as before.
+    let held = client::report(&mountpoint, Control::Engine).ok().and_then(|v| v["unwritten_files"].as_u64()).unwrap_or(0);
+    if held > 0 && !force {
+        return Err(format!(
+            "{held} closed file(s) on {} could not be written to {} (full, read-only or failing; see the log) and are \
+             held in memory only: unmounting now would lose them. Free space or repair the lower (the daemon retries \
+             every few seconds), or unmount anyway with `densefs umount --force`",
+            mountpoint.display(),
+            source.display()
+        ));
+    }
     run_fusermount(&["-u"], &mountpoint).or_else(|e| {
         // SAFETY: umount reads a NUL-terminated path that lives until the call returns.
         if is_root() && unsafe { libc::umount(cpath(&mountpoint).as_ptr()) } == 0 {

@@ -397,7 +397,13 @@ impl DenseFs {
                 }
             }
         }
-        // Files closed while their data could not be written: retry, and let go once it lands.
+        self.retry_unwritten();
+    }
+
+    /// Files closed while their data could not be written: retries them, lets go of those that
+    /// land, and returns how many are still held in memory only.
+    pub fn retry_unwritten(&self) -> usize {
+        let mut held = 0;
         for inode in self.inodes.unwritten() {
             let mut open = inode.open.lock();
             let Some(Content::Container(c)) = open.content.clone() else { continue };
@@ -412,9 +418,13 @@ impl DenseFs {
                     tracing::info!(inode = inode.nodeid, "data kept after a failed close is now written");
                     self.inodes.forget(inode.nodeid, 0);
                 }
-                Err(e) => tracing::warn!(inode = inode.nodeid, "still cannot write back a closed file: {e}"),
+                Err(e) => {
+                    held += 1;
+                    tracing::warn!(inode = inode.nodeid, "still cannot write back a closed file: {e}");
+                }
             }
         }
+        held
     }
 
     /// Lands everything still in memory (unmount).
