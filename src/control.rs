@@ -11,6 +11,7 @@
 //! | `user.densefs.scrub` | read | JSON: as `report`, every record verified, problems listed |
 //! | `user.densefs.datasets` | read | JSON: as `report`, with the datasets below |
 //! | `user.densefs.engine` | read | JSON: the engine's live counters (the same on every path) |
+//! | `user.densefs.unwritten` | read | JSON: retries the files whose close could not write them back; how many are still held in memory only (`densefs umount` asks) |
 //! | `user.densefs.recompress` | write (files) | rewrite with `compression=…,recordsize=…,name=…` or the current settings |
 //! | `user.densefs.<property>` | read, write (directories), remove | a settable property (`core::props::SETTABLE`): effective value; set; inherit again |
 
@@ -25,6 +26,8 @@ pub enum Control {
     Report(ReportKind),
     /// The engine's live counters as JSON (read).
     Engine,
+    /// Retry the files held in memory after a failed close; how many still are, as JSON (read).
+    Unwritten,
     /// Rewrite a file (write).
     Recompress,
     /// A settable property, by its name in `core::props::SETTABLE` (read, write, remove).
@@ -32,12 +35,13 @@ pub enum Control {
 }
 
 /// Every request but the properties, with the name after `user.densefs.`.
-const REQUESTS: [(Control, &str); 6] = [
+const REQUESTS: [(Control, &str); 7] = [
     (Control::Report(ReportKind::Properties), "properties"),
     (Control::Report(ReportKind::Stats), "report"),
     (Control::Report(ReportKind::Scrub), "scrub"),
     (Control::Report(ReportKind::Datasets), "datasets"),
     (Control::Engine, "engine"),
+    (Control::Unwritten, "unwritten"),
     (Control::Recompress, "recompress"),
 ];
 

@@ -306,8 +306,9 @@ pub fn remount(mountpoint: &Path, options: &str) -> Result<(), String> {
 pub fn umount(mountpoint: &Path, force: bool) -> Result<(), String> {
     let mountpoint = std::fs::canonicalize(mountpoint).unwrap_or_else(|_| mountpoint.to_path_buf());
     let source = mount_source(&mountpoint).ok_or_else(|| format!("{} is not a densefs mount", mountpoint.display()))?;
-    // A daemon that cannot be asked (gone, hung) has nothing to say here: unmount as before.
-    let held = client::report(&mountpoint, Control::Engine).ok().and_then(|v| v["unwritten_files"].as_u64()).unwrap_or(0);
+    // The daemon retries them first (a lower with room again takes them now). A daemon that
+    // cannot be asked (gone, hung) has nothing to say here: unmount as before.
+    let held = client::report(&mountpoint, Control::Unwritten).ok().and_then(|v| v["unwritten_files"].as_u64()).unwrap_or(0);
     if held > 0 && !force {
         return Err(format!(
             "{held} closed file(s) on {} could not be written to {} (full, read-only or failing; see the log) and are \

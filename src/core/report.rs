@@ -289,9 +289,7 @@ impl DenseFs {
         value["memory"] = serde_json::json!({"used": used, "limit": limit});
         let (known, open_fds) = self.inodes.census();
         value["inodes"] = serde_json::json!({"known": known, "descriptors": open_fds});
-        // Retried first: `densefs umount` asks this before it unmounts, and a lower that has
-        // room again takes them now rather than at the next tick.
-        value["unwritten_files"] = self.retry_unwritten().into();
+        value["unwritten_files"] = self.inodes.unwritten().len().into();
         value.to_string()
     }
 

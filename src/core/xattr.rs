@@ -47,6 +47,7 @@ impl DenseFs {
             Some(Control::Report(kind)) => kind,
             // Live counters: cheap, never cached, the same on every path of the mount.
             Some(Control::Engine) => return Ok(self.engine_report().into_bytes()),
+            Some(Control::Unwritten) => return Ok(serde_json::json!({"unwritten_files": self.retry_unwritten()}).to_string().into_bytes()),
             Some(Control::Property(name)) => return self.property_value(nodeid, name).map(String::into_bytes),
             // Write-only (recompress), the lower tree's own store (`props`), unknown names.
             Some(Control::Recompress) | None => return Err(FsError::errno(libc::ENODATA)),
