@@ -31,7 +31,6 @@ pub(super) fn lock_lower(lower: &Path, wait: bool) -> std::io::Result<File> {
     Ok(dir)
 }
 
-/// Is some densefs mount serving `lower` right now?
 /// Whether the file system `path` is on is mounted read-only (statvfs's ST_RDONLY).
 fn on_read_only_fs(path: &Path) -> bool {
     let Ok(c) = CString::new(path.as_os_str().as_bytes()) else { return false };
@@ -43,6 +42,7 @@ fn on_read_only_fs(path: &Path) -> bool {
     }
 }
 
+/// Is some densefs mount serving `lower` right now?
 fn is_served(lower: &Path) -> bool {
     mountinfo().iter().any(|m| m.is_densefs() && m.source == lower)
 }
