@@ -492,13 +492,14 @@ def workloads_md(md, r, res):
             return "–"
         return f"{vs(p[0], p[1], get, time):.2f}× vs {r.name(p[1])}"
 
-    def sfget(k):
-        return lambda s: sf[s][k]["seconds"] if s in sf else None
+    def seconds_of(tab, k):
+        """A system's median seconds for step `k` of a step table (None where it did not run)."""
+        return lambda s: tab[s][k]["seconds"] if s in tab else None
 
     def step_cells(s, tab, stps):
         """A system's median seconds per step, densefs ÷ btrfs per step, and every run's seconds."""
         x = tab[s]
-        ratio = [ratio_of(s, tab, lambda t, k=k: tab[t][k]["seconds"] if t in tab else None, True) for k, _ in stps]
+        ratio = [ratio_of(s, tab, seconds_of(tab, k), True) for k, _ in stps]
         return ([f2(x[k]["seconds"]) for k, _ in stps],
                 " / ".join(c.split("×")[0] for c in ratio) if ratio[0] != "–" else "–",
                 " / ".join(" ".join(f"{v:.2f}" for v in x[k]["all_s"]) for k, _ in stps))
@@ -518,7 +519,7 @@ def workloads_md(md, r, res):
         rows = []
         for d, b in prs:
             row = [f"{r.name(d)} / {r.name(b)}"]
-            row += [f2(vs(d, b, sfget(k), True)) for k, _ in steps]
+            row += [f2(vs(d, b, seconds_of(sf, k), True)) for k, _ in steps]
             row += [f2(vs(d, b, get_mb, False)), f2(vs(d, b, get_iops, False))]
             rows.append(row)
         # A reference for any FUSE file system on this machine: bindfs passes each request straight to
@@ -527,7 +528,7 @@ def workloads_md(md, r, res):
         if "bindfs" in sf:
             for b in dict.fromkeys(b for _, b in prs if b in sf):
                 rows.append([f"bindfs (plain FUSE, no compression) / {r.name(b)}"] +
-                            [f2(vs("bindfs", b, sfget(k), True)) for k, _ in steps] + ["–", "–"])
+                            [f2(vs("bindfs", b, seconds_of(sf, k), True)) for k, _ in steps] + ["–", "–"])
         md.append(table(["densefs / btrfs"] + [t for _, t in steps] + ["large cold read MB/s", "fsync 4K IOPS"], rows))
         if "bindfs" in sf:
             md.append("The bindfs rows are a reference, not a densefs setting: a FUSE passthrough that compresses "

@@ -9,6 +9,7 @@ use super::mountinfo::{densefs_mount_at, mount_source, mountinfo};
 use super::owner::{Lease, Owner, TAKEOVER_AFTER};
 use super::{client, is_root};
 use crate::control::Control;
+use crate::core::lower;
 use std::ffi::CString;
 use std::fs::File;
 use std::os::fd::AsRawFd;
@@ -33,13 +34,7 @@ pub(super) fn lock_lower(lower: &Path, wait: bool) -> std::io::Result<File> {
 
 /// Whether the file system `path` is on is mounted read-only (statvfs's ST_RDONLY).
 fn on_read_only_fs(path: &Path) -> bool {
-    let Ok(c) = CString::new(path.as_os_str().as_bytes()) else { return false };
-    // SAFETY: a statvfs is plain integers (all zeros is valid); statvfs reads a NUL-terminated
-    // path and writes one statvfs into `st`.
-    unsafe {
-        let mut st: libc::statvfs = std::mem::zeroed();
-        libc::statvfs(c.as_ptr(), &mut st) == 0 && st.f_flag & libc::ST_RDONLY != 0
-    }
+    File::open(path).and_then(|dir| lower::fstatvfs(dir.as_raw_fd())).is_ok_and(|sv| sv.f_flag & libc::ST_RDONLY != 0)
 }
 
 /// Is some densefs mount serving `lower` right now?
