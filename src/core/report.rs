@@ -289,7 +289,6 @@ impl DenseFs {
         value["memory"] = serde_json::json!({"used": used, "limit": limit});
         let (known, open_fds) = self.inodes.census();
         value["inodes"] = serde_json::json!({"known": known, "descriptors": open_fds});
-        value["unwritten_files"] = self.inodes.unwritten().len().into();
         value.to_string()
     }
 
