@@ -32,6 +32,15 @@ fn census(mnt: &Path) -> (u64, u64) {
     (v["inodes"]["known"].as_u64().expect("inodes.known"), v["inodes"]["descriptors"].as_u64().expect("inodes.descriptors"))
 }
 
+/// The kernel's dentry and inode caches belong to the whole machine: a test here that drops them
+/// (to see the daemon's table return to the root) makes the kernel forget another test's entries
+/// in the middle of its listing, and the other's lookup counts go wrong. The tests of this file
+/// take turns.
+fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    static KERNEL_CACHES: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    KERNEL_CACHES.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// Makes the kernel forget every dentry and inode it does not use (it sends FORGET for each).
 fn drop_kernel_caches() {
     fs::write("/proc/sys/vm/drop_caches", "2").unwrap();
@@ -102,6 +111,7 @@ fn make_big_dir(dir: &Path, count: usize) -> BTreeMap<String, u64> {
 
 #[test]
 fn long_listings_show_logical_sizes_and_lookups_balance() {
+    let _turn = one_at_a_time();
     if !is_root() {
         eprintln!("skipped: dropping the kernel's caches needs root");
         return;
@@ -158,6 +168,7 @@ fn long_listings_show_logical_sizes_and_lookups_balance() {
 
 #[test]
 fn entries_created_deleted_and_renamed_during_a_listing() {
+    let _turn = one_at_a_time();
     if !is_root() {
         eprintln!("skipped: dropping the kernel's caches needs root");
         return;
@@ -232,6 +243,7 @@ fn entries_created_deleted_and_renamed_during_a_listing() {
 
 #[test]
 fn hard_links_listed_in_two_directories() {
+    let _turn = one_at_a_time();
     if !is_root() {
         eprintln!("skipped: dropping the kernel's caches needs root");
         return;
@@ -268,6 +280,7 @@ fn hard_links_listed_in_two_directories() {
 
 #[test]
 fn a_closed_files_size_follows_writes_and_truncates() {
+    let _turn = one_at_a_time();
     let d = Dirs::new();
     let m = Mount::new(&d.lower, &d.mnt, "");
     let path = m.path("f");
@@ -353,6 +366,7 @@ fn llistxattr(path: &Path) -> Vec<String> {
 /// densefs's own names stay hidden.
 #[test]
 fn xattrs_of_files_met_in_a_listing() {
+    let _turn = one_at_a_time();
     let d = Dirs::new();
     let m = Mount::new(&d.lower, &d.mnt, "");
     fs::create_dir(m.path("dir")).unwrap();
@@ -388,6 +402,7 @@ fn daemon_fds(m: &Mount) -> usize {
 /// otherwise ran the daemon out of descriptors at half its limit.
 #[test]
 fn an_open_file_costs_the_daemon_one_descriptor() {
+    let _turn = one_at_a_time();
     const FILES: usize = 300;
     const SLACK: usize = 20;
     let d = Dirs::new();
@@ -453,6 +468,7 @@ fn an_open_file_costs_the_daemon_one_descriptor() {
 /// reader too), and the daemon's own header reads still leave it alone.
 #[test]
 fn a_reader_moves_the_access_time_as_on_the_lower_and_a_listing_does_not() {
+    let _turn = one_at_a_time();
     let d = Dirs::new();
     let long_ago = libc::timespec { tv_sec: 1_000_000_000, tv_nsec: 0 };
     let set_atime = |path: &Path| {
@@ -500,6 +516,7 @@ fn a_reader_moves_the_access_time_as_on_the_lower_and_a_listing_does_not() {
 /// listing failed with EMFILE ("Too many open files").
 #[test]
 fn a_daemon_held_to_256_descriptors_takes_thousands_of_cached_files() {
+    let _turn = one_at_a_time();
     const DIRS: usize = 60;
     const FILES: usize = 100;
     let d = Dirs::new();
