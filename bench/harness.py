@@ -9,7 +9,8 @@ bindfs (FUSE passthrough) and the bare lower directory. Experiments (numbered as
   4 fio    NoLoad's grid: write/randwrite/read/randread x bs x iodepth, 90%-compressible buffers
   5 app    samtools sort -@2 of a SAM on each system (slowdown vs densefs off)
   6 cost   QZFS's cost-efficiency: throughput x compression ratio / CPU utilisation
-  7 smallfiles  untar, ls -lR cold, cat every file cold, rm -rf of a tree of ~30k small files  } workloads.py
+  7 smallfiles  untar, ls -lR cold, cat every file cold, rm -rf of a tree of small files; on all  } workloads.py
+               cores, then on 1 core                                                              }
   8 bigread     a large FASTQ read cold (MB/s)                                                   }
   9 fsync       fio 4K random writes, each fsync'd (IOPS)                                        }
  10 bigdir      create, ls -f, ls -l, rm -rf of one directory of 200,000 small files             }
@@ -866,6 +867,18 @@ def exp_samtools(system, sam, cpus, reps):
 
 # ----------------------------------------------------------------------------- phases
 
+def idle_policy():
+    """How idle cores wait: FUSE's small-file steps hang on it (see workloads.ONE_CORE)."""
+    def read(path):
+        try:
+            return Path(path).read_text().strip()
+        except OSError:
+            return None
+    return {"cpuidle_driver": read("/sys/devices/system/cpu/cpuidle/current_driver"),
+            "cpuidle_governor": read("/sys/devices/system/cpu/cpuidle/current_governor"),
+            "guest_halt_poll_ns": read("/sys/module/haltpoll/parameters/guest_halt_poll_ns")}
+
+
 def set_wq_cpumask(cpus):
     """Unbound kernel workqueues (btrfs compresses in them) follow the pinning too."""
     f = Path("/sys/devices/virtual/workqueue/cpumask")
@@ -877,12 +890,23 @@ def set_wq_cpumask(cpus):
         return None
 
 
+def copy_read_in(args, full):
+    """Whether copy + read run in a phase: the 1-core phase repeats them only for `cores`."""
+    return args.copy_read and (full or "cores" in args.experiments)
+
+
+def workloads_in(args, full):
+    """The workloads a phase runs: all selected ones on all cores; smallfiles on 1 core too, where
+    the client and the file system share one core (no wake-ups across cores, see workloads.py)."""
+    return [w for w in workloads.EXPERIMENTS if w in args.experiments and (full or w in workloads.ONE_CORE)]
+
+
 def runs_on(env, s, full):
     """Whether a selected experiment runs on system `s` in a phase (`full`: the all-cores one)."""
     ex = env.args.experiments
-    return env.args.copy_read or full and (s.id in env.fio_systems and "fio" in ex or
-                                           s.id in env.app_systems and "app" in ex or
-                                           s.id in env.wl_systems and bool(set(ex) & set(workloads.EXPERIMENTS)))
+    return copy_read_in(env.args, full) or full and (s.id in env.fio_systems and "fio" in ex or
+                                                     s.id in env.app_systems and "app" in ex) or \
+        s.id in env.wl_systems and bool(workloads_in(env.args, full))
 
 
 def phase(env, cpus, systems, data, args, full):
@@ -912,7 +936,7 @@ def phase(env, cpus, systems, data, args, full):
                 env.skip(s, f"{label}: setup failed: {e}")
                 continue
             try:
-                for ds in datasets if args.copy_read else []:
+                for ds in datasets if copy_read_in(args, full) else []:
                     rec = exp_copy_read(s, data[ds], ds, cpus, args)
                     env.results["copy"].append(rec)
                 if full and s.id in env.fio_systems and "fio" in ex:
@@ -934,8 +958,8 @@ def phase(env, cpus, systems, data, args, full):
                         log(f"{s.name}: samtools: {e}")
                     r.update(system=s.id, cores=len(cpus), bytes=data["sam"].stat().st_size)
                     env.results["samtools"].append(r)
-                if full and s.id in env.wl_systems:
-                    workloads.run_all(env, s, data, cpus, args)
+                if s.id in env.wl_systems:
+                    workloads.run_all(env, s, data, cpus, args, workloads_in(args, full))
             finally:
                 s.teardown()
     finally:
@@ -1045,7 +1069,7 @@ def parse_args(argv):
                     help="repeat only when the first copy + read took less than this many seconds")
     ap.add_argument("--full-fio", action="store_true",
                     help="the whole fio grid (bs 4K..1M x iodepth 1..32) on every system: hours")
-    ap.add_argument("--no-1core", action="store_true", help="skip the 1-core phase")
+    ap.add_argument("--no-1core", action="store_true", help="skip the 1-core phase (cores, and smallfiles on 1 core)")
     ap.add_argument("--img-gib", type=int, default=4, help="loop images' (btrfs, ext4 lowers) and the zpool's size in GiB (sparse)")
     ap.add_argument("--lower", choices=("ext4", "dir"), default="ext4",
                     help="where bare and the FUSE systems keep their files: a fresh ext4 on a loop device per system, "
@@ -1136,7 +1160,7 @@ def main(argv):
         "fio_grid": env.fio_grid, "fio_size": env.fio_size, "fio_runtime_s": env.fio_runtime,
         "fio_systems": sorted(env.fio_systems), "args": vars(args), "loadavg_start": os.getloadavg(),
         "experiments": args.experiments, "workload_systems": [s.id for s in systems if s.id in env.wl_systems],
-        "fsync_size": env.fsync_size, "fsync_runtime_s": env.fsync_runtime,
+        "fsync_size": env.fsync_size, "fsync_runtime_s": env.fsync_runtime, "idle": idle_policy(),
     }
     for s in systems:
         res["systems"][s.id] = {"name": s.name, "family": s.family, "alg": s.alg}
@@ -1151,7 +1175,7 @@ def main(argv):
                                 else "a directory of the work dir's file system")
         allc = sorted(os.sched_getaffinity(0))
         phase(env, set(allc), systems, data, args, full=True)
-        if "cores" in args.experiments and not args.no_1core and len(allc) > 1:
+        if ("cores" in args.experiments or workloads_in(args, False)) and not args.no_1core and len(allc) > 1:
             phase(env, {allc[0]}, systems, data, args, full=False)
     finally:
         CLEAN.all()

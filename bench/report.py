@@ -249,6 +249,12 @@ def make(res, out):
         text = "; ".join(v for k, v in about.items() if k in d)
         md.append("Data: " + "; ".join(f"{k} `{x['file']}` {x['bytes'] / 1e6:.1f} MB" for k, x in d.items()) +
                   ". " + text[:1].upper() + text[1:] + ".\n")
+    idle = m.get("idle") or {}
+    if idle.get("cpuidle_driver"):
+        poll = idle.get("guest_halt_poll_ns")
+        md.append(f"Idle cores: cpuidle driver `{idle['cpuidle_driver']}`, governor `{idle.get('cpuidle_governor')}`" +
+                  (f", guest halt polling {poll} ns" + (" (off: a woken core leaves a halt, which the host handles)"
+                                                        if poll == "0" else "") if poll is not None else "") + ".\n")
     if "loadavg_start" in m:
         md.append(f"Load average (1, 5, 15 min) at the start {', '.join(f'{x:.1f}' for x in m['loadavg_start'])}, "
                   f"at the end {', '.join(f'{x:.1f}' for x in m.get('loadavg_end', []))}: other work on the "
@@ -471,7 +477,9 @@ def make(res, out):
 def workloads_md(md, r, res):
     """7 smallfiles, 8 bigread, 9 fsync (bench/workloads.py): a table per workload, then densefs / btrfs."""
     m = res["meta"]
-    sf = {x["system"]: x for x in res.get("smallfiles", []) if "untar" in x}
+    most = max((x["cores"] for x in res.get("smallfiles", [])), default=None)
+    sf = {x["system"]: x for x in res.get("smallfiles", []) if "untar" in x and x["cores"] == most}
+    sf1 = {x["system"]: x for x in res.get("smallfiles", []) if "untar" in x and x["cores"] == 1 and most > 1}
     br = {x["system"]: x for x in res.get("bigread", []) if "read" in x}
     fs = {x["system"]: x for x in res.get("fsync", []) if "iops" in x}
     bd = {x["system"]: x for x in res.get("bigdir", []) if "create" in x}
@@ -504,6 +512,18 @@ def workloads_md(md, r, res):
                 " / ".join(c.split("×")[0] for c in ratio) if ratio[0] != "–" else "–",
                 " / ".join(" ".join(f"{v:.2f}" for v in x[k]["all_s"]) for k, _ in stps))
 
+    def smallfiles_table(tab):
+        rows = []
+        for s in [s for s in r.order if s in tab]:
+            x = tab[s]
+            secs, ratio, runs = step_cells(s, tab, steps)
+            rows.append([r.name(s)] + secs +
+                        [f2(x["cat"].get("mb_s"), 0), f2(x["untar"]["cpu_busy_s"], 1), f2(x["untar"]["fs_cpu_s"], 1),
+                         ratio, "yes" if x.get("verified") else ("DIFFERS" if "verified" in x else "–"), runs])
+        md.append(table(["system"] + [f"{t} s" for _, t in steps] +
+                        ["cat MB/s", "untar CPU s", "untar FS cpu s",
+                         "densefs ÷ btrfs (untar / ls / cat / rm), higher is better", "checked", "runs s"], rows))
+
     def get_mb(s):
         return br[s]["read"]["mb_s"] if s in br else None
 
@@ -529,6 +549,14 @@ def workloads_md(md, r, res):
             for b in dict.fromkeys(b for _, b in prs if b in sf):
                 rows.append([f"bindfs (plain FUSE, no compression) / {r.name(b)}"] +
                             [f2(vs("bindfs", b, seconds_of(sf, k), True)) for k, _ in steps] + ["–", "–"])
+        # The same on one core (section 7b): the file systems' own work, without cross-core wake-ups.
+        for d, b in ((d, b) for d, b in pairs(r.sys) if d in sf1 and b in sf1):
+            rows.append([f"{r.name(d)} / {r.name(b)}, 1 core"] +
+                        [f2(vs(d, b, seconds_of(sf1, k), True)) for k, _ in steps] + ["–", "–"])
+        if "bindfs" in sf1:
+            for b in dict.fromkeys(b for _, b in prs if b in sf1):
+                rows.append([f"bindfs / {r.name(b)}, 1 core"] +
+                            [f2(vs("bindfs", b, seconds_of(sf1, k), True)) for k, _ in steps] + ["–", "–"])
         md.append(table(["densefs / btrfs"] + [t for _, t in steps] + ["large cold read MB/s", "fsync 4K IOPS"], rows))
         if "bindfs" in sf:
             md.append("The bindfs rows are a reference, not a densefs setting: a FUSE passthrough that compresses "
@@ -550,17 +578,15 @@ def workloads_md(md, r, res):
                   "so `sync` covers it as it does btrfs. Seconds are the median run (**lower is better**); `runs` "
                   "lists every run of each step in the order untar / ls / cat / rm. `checked`: the tree read back "
                   "after a cold remount equals the tar (`tar --diff`: contents, modes, owners, times, links).\n")
-        rows = []
-        for s in [s for s in r.order if s in sf]:
-            x = sf[s]
-            secs, ratio, runs = step_cells(s, sf, steps)
-            rows.append([r.name(s)] + secs +
-                        [f2(x["cat"].get("mb_s"), 0), f2(x["untar"]["cpu_busy_s"], 1), f2(x["untar"]["fs_cpu_s"], 1),
-                         ratio, "yes" if x.get("verified") else ("DIFFERS" if "verified" in x else "–"), runs])
-        md.append(table(["system"] + [f"{t} s" for _, t in steps] +
-                        ["cat MB/s", "untar CPU s", "untar FS cpu s",
-                         "densefs ÷ btrfs (untar / ls / cat / rm), higher is better", "checked", "runs s"], rows))
-        bad = [(s, x) for s, x in sf.items() if x.get("verified") is False]
+        smallfiles_table(sf)
+        if sf1:
+            md.append("### 7b. The same on 1 core\n")
+            md.append("Everything pinned to one core (tar, ls, cat, rm, the daemons, btrfs's kernel workqueues), so "
+                      "that a FUSE request is a context switch on that core instead of a wake-up of the other one. "
+                      "On this machine a wake-up of an idle core costs more than the request's own work (see the "
+                      "idle cores above); 7b shows what each file system's own work per file costs.\n")
+            smallfiles_table(sf1)
+        bad = [(s, x) for tab in (sf, sf1) for s, x in tab.items() if x.get("verified") is False]
         for s, x in bad:
             kinds = x.get("verify_kinds")
             if kinds:
