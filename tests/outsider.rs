@@ -95,3 +95,74 @@ fn rsync_finds_nothing_to_copy_after_reading_everything_and_remounting() {
     assert_eq!(a, b, "tar of the mount differs from tar of the source");
     m.unmount();
 }
+
+/// A database's writer: SQLite in `mode` (wal or delete), synchronous=FULL, committing
+/// transactions of 50 rows tagged with the transaction's number, and writing how many COMMITs
+/// returned to `acked` after each, until the file system fails under it. A reader beside it
+/// takes shared locks (WAL: the -shm file, mmapped) all the while.
+const SQLITE_WRITER: &str = r#"
+import sqlite3, sys, threading, time
+db, mode, acked = sys.argv[1], sys.argv[2], sys.argv[3]
+c = sqlite3.connect(db, timeout=30, isolation_level=None)
+c.execute(f"PRAGMA journal_mode={mode}")
+c.execute("PRAGMA synchronous=FULL")
+c.execute("CREATE TABLE IF NOT EXISTS t(id INTEGER PRIMARY KEY, tx INTEGER, v TEXT)")
+c.execute("CREATE INDEX IF NOT EXISTS tv ON t(v)")
+def read():
+    r = sqlite3.connect(db, timeout=30)
+    try:
+        while True:
+            r.execute("SELECT count(*), max(tx) FROM t").fetchone()
+            time.sleep(0.005)
+    except sqlite3.Error:
+        pass
+threading.Thread(target=read, daemon=True).start()
+tx = 0
+try:
+    while True:
+        c.execute("BEGIN")
+        for i in range(50):
+            c.execute("INSERT INTO t(tx, v) VALUES(?, ?)", (tx, f"{tx:06d}-{i:02d}-" + "acgt" * (i % 23)))
+        c.execute("COMMIT")
+        tx += 1
+        open(acked, "w").write(str(tx))
+except sqlite3.Error:
+    pass
+"#;
+
+/// integrity_check, and (transactions, rows, rows in incomplete transactions) of the database.
+const SQLITE_CHECK: &str = r#"
+import sqlite3, sys
+c = sqlite3.connect(sys.argv[1])
+print(c.execute("PRAGMA integrity_check").fetchone()[0])
+print(*c.execute("SELECT count(DISTINCT tx), count(*) FROM t").fetchone())
+print(c.execute("SELECT count(*) FROM (SELECT tx FROM t GROUP BY tx HAVING count(*) != 50)").fetchone()[0])
+"#;
+
+#[test]
+fn sqlite_keeps_every_acknowledged_commit_when_the_daemon_is_killed() {
+    for mode in ["wal", "delete"] {
+        let d = Dirs::new();
+        let m = Mount::new(&d.lower, &d.mnt, "compression=zstd-3");
+        let (db, acked) = (d.mnt.join("app.db"), d.root.path().join("acked"));
+        let mut writer = Command::new("python3").args(["-c", SQLITE_WRITER]).arg(&db).arg(mode).arg(&acked).spawn().expect("python3 runs");
+        let count = || fs::read_to_string(&acked).ok().and_then(|s| s.parse::<u64>().ok()).unwrap_or(0);
+        common::wait_until("the writer to commit 60 transactions", || count() >= 60);
+        m.kill();
+        let _ = writer.wait();
+        let committed = count();
+
+        let m = Mount::new(&d.lower, &d.mnt, "");
+        let out = run(Command::new("python3").args(["-c", SQLITE_CHECK]).arg(&db));
+        let lines: Vec<&str> = out.lines().collect();
+        assert_eq!(lines[0], "ok", "{mode}: integrity_check after the daemon was killed");
+        let (txs, rows): (u64, u64) = {
+            let v: Vec<u64> = lines[1].split(' ').map(|x| x.parse().unwrap()).collect();
+            (v[0], v[1])
+        };
+        assert!(txs >= committed, "{mode}: {committed} COMMITs returned but only {txs} transactions are in the database");
+        assert!(txs <= committed + 1, "{mode}: {txs} transactions for {committed} acknowledged");
+        assert_eq!((rows, lines[2]), (txs * 50, "0"), "{mode}: a transaction is there in part");
+        m.unmount();
+    }
+}
