@@ -2,7 +2,8 @@
 //! remount, and ask rsync what it would copy again: nothing, ever. The tree has what real trees
 //! have: many small files, empty and sparse files, hard links, symlinks (dangling too), fifos,
 //! xattrs (user and trusted, on links too), POSIX ACLs, odd owners and modes, old and
-//! nanosecond mtimes, a git repository, and a copy of a system header tree.
+//! nanosecond mtimes, a git repository, and a copy of a system header tree. And a database:
+//! SQLite keeps every acknowledged commit, whole, when the daemon is killed under it.
 
 mod common;
 
