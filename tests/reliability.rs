@@ -134,6 +134,37 @@ fn a_file_closed_on_a_full_disk_keeps_its_data_until_it_can_be_written() {
     m.unmount();
 }
 
+/// Preallocation cannot reserve compressed space, but it must not promise room the lower plainly
+/// lacks: as on OpenZFS, fallocate and posix_fallocate fail at once with ENOSPC, and what fits
+/// still succeeds (the size changes, the bytes read as zeros).
+#[test]
+fn fallocate_beyond_the_lower_free_space_is_enospc() {
+    let d = Dirs::new();
+    let _disk = SmallDisk::new(&d.lower, "32M");
+    let m = Mount::new(&d.lower, &d.mnt, "compression=lz4");
+    let f = OpenOptions::new().create(true).read(true).write(true).open(m.path("pre")).unwrap();
+    let falloc = |mode: i32, offset: i64, len: i64| {
+        // SAFETY: fallocate on a descriptor the test owns.
+        if unsafe { libc::fallocate(std::os::fd::AsRawFd::as_raw_fd(&f), mode, offset, len) } == 0 {
+            Ok(())
+        } else {
+            Err(std::io::Error::last_os_error().raw_os_error())
+        }
+    };
+    assert_eq!(falloc(0, 0, 64 << 20), Err(Some(libc::ENOSPC)), "64 MiB on a 32 MiB lower");
+    assert_eq!(falloc(libc::FALLOC_FL_KEEP_SIZE, 0, 64 << 20), Err(Some(libc::ENOSPC)), "keep size, 64 MiB");
+    assert_eq!(f.metadata().unwrap().len(), 0, "a refused fallocate changed the size");
+    assert_eq!(falloc(0, 0, 8 << 20), Ok(()), "8 MiB fits");
+    // Within what the file already covers nothing grows: no space is needed.
+    assert_eq!(falloc(0, 1 << 20, 7 << 20), Ok(()), "a range inside the file");
+    assert_eq!(f.metadata().unwrap().len(), 8 << 20);
+    let mut buf = vec![1u8; 4096];
+    f.read_exact_at(&mut buf, 5 << 20).unwrap();
+    assert!(buf.iter().all(|&b| b == 0), "preallocated bytes read as zeros");
+    drop(f);
+    m.unmount();
+}
+
 /// Builds tests/fault/libfault.c (the LD_PRELOAD shim that fails I/O on marked files).
 fn fault_shim(dir: &Path) -> PathBuf {
     let out = dir.join("libfault.so");

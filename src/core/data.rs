@@ -447,7 +447,9 @@ impl DenseFs {
 
     pub fn fallocate(&self, fh: u64, offset: u64, len: u64, mode: i32) -> FsResult<()> {
         let end = offset.checked_add(len).ok_or(FsError::errno(libc::EFBIG))?;
-        match self.file_content(fh)? {
+        let content = self.file_content(fh)?;
+        let lower_file = content.file().clone();
+        match content {
             Content::Plain(file) => {
                 lower::fallocate(&file, mode, offset, len)?;
                 Ok(())
@@ -457,8 +459,18 @@ impl DenseFs {
                 let action = mode & !libc::FALLOC_FL_KEEP_SIZE;
                 match action {
                     // Space cannot be promised for data whose compressed size is unknown: the
-                    // size changes, the bytes read as zeros, nothing is reserved.
-                    0 => c.changed_by_user(),
+                    // size changes, the bytes read as zeros, nothing is reserved. As OpenZFS
+                    // does (also unable to reserve), a request the lower plainly has no room
+                    // for fails now, rather than the writes that follow.
+                    0 => {
+                        let growth = end.saturating_sub(offset.max(c.size()));
+                        let free = lower::fstatvfs(lower_file.as_raw_fd())?;
+                        let avail = free.f_bavail.saturating_mul(free.f_frsize);
+                        if growth > avail - avail / 8 {
+                            return Err(FsError::errno(libc::ENOSPC));
+                        }
+                        c.changed_by_user()
+                    }
                     libc::FALLOC_FL_PUNCH_HOLE if keep_size => c.zero_range(offset, len)?,
                     libc::FALLOC_FL_ZERO_RANGE => c.zero_range(offset, len)?,
                     _ => return Err(FsError::errno(libc::EOPNOTSUPP)),
