@@ -142,7 +142,7 @@ fn fallocate_beyond_the_lower_free_space_is_enospc() {
     let d = Dirs::new();
     let _disk = SmallDisk::new(&d.lower, "32M");
     let m = Mount::new(&d.lower, &d.mnt, "compression=lz4");
-    let f = OpenOptions::new().create(true).read(true).write(true).open(m.path("pre")).unwrap();
+    let f = OpenOptions::new().create_new(true).read(true).write(true).open(m.path("pre")).unwrap();
     let falloc = |mode: i32, offset: i64, len: i64| {
         // SAFETY: fallocate on a descriptor the test owns.
         if unsafe { libc::fallocate(std::os::fd::AsRawFd::as_raw_fd(&f), mode, offset, len) } == 0 {
