@@ -148,11 +148,11 @@ fn fallocate_beyond_the_lower_free_space_is_enospc() {
         if unsafe { libc::fallocate(std::os::fd::AsRawFd::as_raw_fd(&f), mode, offset, len) } == 0 {
             Ok(())
         } else {
-            Err(std::io::Error::last_os_error().raw_os_error())
+            Err(errno(&std::io::Error::last_os_error()))
         }
     };
-    assert_eq!(falloc(0, 0, 64 << 20), Err(Some(libc::ENOSPC)), "64 MiB on a 32 MiB lower");
-    assert_eq!(falloc(libc::FALLOC_FL_KEEP_SIZE, 0, 64 << 20), Err(Some(libc::ENOSPC)), "keep size, 64 MiB");
+    assert_eq!(falloc(0, 0, 64 << 20), Err(libc::ENOSPC), "64 MiB on a 32 MiB lower");
+    assert_eq!(falloc(libc::FALLOC_FL_KEEP_SIZE, 0, 64 << 20), Err(libc::ENOSPC), "keep size, 64 MiB");
     assert_eq!(f.metadata().unwrap().len(), 0, "a refused fallocate changed the size");
     assert_eq!(falloc(0, 0, 8 << 20), Ok(()), "8 MiB fits");
     // Within what the file already covers nothing grows: no space is needed.

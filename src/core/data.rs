@@ -447,9 +447,7 @@ impl DenseFs {
 
     pub fn fallocate(&self, fh: u64, offset: u64, len: u64, mode: i32) -> FsResult<()> {
         let end = offset.checked_add(len).ok_or(FsError::errno(libc::EFBIG))?;
-        let content = self.file_content(fh)?;
-        let lower_file = content.file().clone();
-        match content {
+        match self.file_content(fh)? {
             Content::Plain(file) => {
                 lower::fallocate(&file, mode, offset, len)?;
                 Ok(())
@@ -464,7 +462,7 @@ impl DenseFs {
                     // for fails now, rather than the writes that follow.
                     0 => {
                         let growth = end.saturating_sub(offset.max(c.size()));
-                        let free = lower::fstatvfs(lower_file.as_raw_fd())?;
+                        let free = lower::fstatvfs(c.lower_file().as_raw_fd())?;
                         let avail = free.f_bavail.saturating_mul(free.f_frsize);
                         if growth > avail - avail / 8 {
                             return Err(FsError::errno(libc::ENOSPC));
