@@ -40,7 +40,7 @@ fn copy_dir(from: &Path, to: &Path) {
 
 #[test]
 fn fixtures_of_every_version_read_back_exactly_and_stay_unchanged() {
-    for set in ["v1-first", "v1", "v2"] {
+    for set in ["v1-first", "v1", "v2", "v3"] {
         let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(set);
         let d = Dirs::new();
         copy_dir(&fixtures, &d.lower);

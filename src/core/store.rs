@@ -66,6 +66,10 @@ pub struct StoreState {
     unpersisted: HashSet<u64>,
     /// Every group with a table has been loaded (and healed) in this run.
     heal_complete: bool,
+    /// Every healed table is on stable storage (a flush completed after the last was written),
+    /// so the header may drop the suspect range: before that, a power cut could undo a healed
+    /// table and leave a torn copy under an epoch a header without the range calls durable.
+    heal_durable: bool,
     /// Records whose other slot still holds an older copy, freed after the next sync.
     stale: BTreeSet<u64>,
     /// Records whose older copy a user's fsync found durable-superseded and left in place: the
@@ -146,10 +150,9 @@ impl StoreState {
         self.size == 0 && self.header_on_disk && self.wrote
     }
 
-    /// The range the header keeps: 0 once every group is healed.
+    /// The range the header keeps: 0 once every group is healed, durably.
     fn persisted_heal_from(&self) -> u64 {
-        let done = self.all_healed() && self.unpersisted.is_empty();
-        if done {
+        if self.heal_durable {
             0
         } else {
             self.epochs.heal_from
@@ -177,23 +180,36 @@ impl StoreState {
         self.tables.insert(group, table);
     }
 
-    /// A sync begins: copies written from here on belong to the next epoch. Returns the old
-    /// copies to free once it completed, and the epoch it closes.
-    pub fn begin_sync(&mut self) -> (BTreeSet<u64>, u64) {
-        let closing = self.epochs.begin_sync();
-        (std::mem::take(&mut self.stale), closing)
+    /// A sync begins (its flush is next): copies written from here on belong to the next epoch.
+    pub fn begin_sync(&mut self) -> ClosingSync {
+        ClosingSync {
+            epoch: self.epochs.begin_sync(),
+            stale: std::mem::take(&mut self.stale),
+            heal_written: self.all_healed() && self.unpersisted.is_empty(),
+        }
     }
 
-    /// The sync's first flush failed: the old copies are still to be freed later.
-    pub fn sync_failed(&mut self, stale: BTreeSet<u64>) {
-        self.stale.extend(stale);
+    /// The sync's flush failed: the old copies are still to be freed later.
+    pub fn sync_failed(&mut self, closing: ClosingSync) {
+        self.stale.extend(closing.stale);
     }
 
-    /// Everything of the closing epoch is durable: the next header records that.
-    pub fn synced(&mut self, closing: u64) {
-        self.epochs.synced(closing);
+    /// The sync's flush completed: everything of the closing epoch is durable (and the healed
+    /// tables, if all were written before it); the next header records that.
+    pub fn synced(&mut self, closing: &ClosingSync) {
+        self.epochs.synced(closing.epoch);
+        self.heal_durable |= closing.heal_written;
         self.header_stale = true;
     }
+}
+
+/// A sync between its start and its flush's outcome ([`StoreState::begin_sync`]).
+pub struct ClosingSync {
+    epoch: u64,
+    /// Records whose older copy can be freed once the sync completed.
+    pub stale: BTreeSet<u64>,
+    /// Every group was healed and its table written before the flush began.
+    heal_written: bool,
 }
 
 /// The lower file's modification time, as futimens takes it.
@@ -287,6 +303,7 @@ impl Store {
             announced: false,
             unpersisted: HashSet::new(),
             heal_complete: false,
+            heal_durable: false,
             stale: BTreeSet::new(),
             kept_for_reuse: BTreeSet::new(),
             deferred_punch: BTreeSet::new(),
@@ -309,6 +326,7 @@ impl Store {
         // Announced (header written) with its first data or size.
         state.header_on_disk = false;
         state.know_group_0_empty();
+        state.heal_durable = true; // nothing to heal
         (store, state)
     }
 
@@ -509,6 +527,7 @@ impl Store {
         if !(birth && self.record_birth(&header)) {
             self.write_gathered(st)?;
             lower::fdatasync(&self.lower)?;
+            st.epochs.announced();
         }
         st.announced = true;
         for group in std::mem::take(&mut st.unpersisted) {

@@ -3,10 +3,13 @@
 //! which copies healing must check, and what a sync changes. The container applies them; the
 //! exhaustive tests below are the specification's cases.
 //!
-//! A run starts its epochs at `max(durable_below, heal_from) + EPOCH_GAP` (its *run base*) and
-//! treats the copies in `[heal_from or durable_below, run base)` as suspect: written after the
-//! previous run's last completed sync, possibly torn. Durable are copies below the suspect range
-//! and this run's copies below `durable_below`.
+//! A run's *run base* is `max(durable_below, heal_from) + EPOCH_GAP`; it treats the copies in
+//! `[heal_from or durable_below, run base)` as suspect: written after the last sync the header
+//! recorded, possibly torn. Healing re-stamps the intact ones with the run base itself, and the
+//! run writes its own copies from the run base + 1 on. Durable are copies below the suspect
+//! range, the healed ones once the run has announced itself (its synced header also made
+//! durable whatever the previous run left unsynced), and this run's copies below
+//! `durable_below`.
 
 use super::{newest_first, Header, Pair, SlotState};
 
@@ -21,7 +24,8 @@ pub struct Epochs {
     pub epoch: u64,
     /// This run's copies below this are durable (a sync completed after them).
     pub durable_below: u64,
-    /// Where this run's epochs start; `heal_from..run_base` is the suspect range.
+    /// `heal_from..run_base` is the suspect range; healed copies carry the run base, and the
+    /// run's own copies the epochs after it.
     pub run_base: u64,
     pub heal_from: u64,
 }
@@ -33,7 +37,14 @@ impl Epochs {
         // run) up to the run base are suspect; this run counts from past anything that run used.
         let heal_from = if header.heal_from != 0 { header.heal_from.min(header.durable_below) } else { header.durable_below };
         let run_base = header.durable_below.max(header.heal_from) + EPOCH_GAP;
-        Epochs { epoch: run_base, durable_below: run_base, run_base, heal_from }
+        Epochs { epoch: run_base + 1, durable_below: run_base, run_base, heal_from }
+    }
+
+    /// The run's first synced write (its announcing header) completed. That flush also made
+    /// durable every byte the previous run had left on the lower file unsynced, so a suspect copy
+    /// found intact, then or later, is durable: healed copies (the run base) are.
+    pub fn announced(&mut self) {
+        self.durable_below = self.durable_below.max(self.run_base + 1);
     }
 
     /// The `durable_below` a new file's header starts with: the run that creates it starts past
@@ -68,12 +79,16 @@ impl Epochs {
     /// The slot a new copy of a record goes to: the one not holding the current copy, unless the
     /// current copy is not durable and the other slot holds a copy (the last durable one, or a
     /// damaged one that may be): then the current copy is overwritten in place.
+    ///
+    /// A write announces the run before it writes anything, so healed copies count as durable
+    /// here even while the run has not announced yet.
     pub fn target_slot(&self, pair: &Pair) -> usize {
         match newest_first(pair).first() {
             None => 0,
             Some(&(current, d)) => {
                 let other_used = pair[1 - current] != SlotState::Empty;
-                if other_used && !self.is_durable(d.epoch) {
+                let durable_when_written = d.epoch == self.run_base || self.is_durable(d.epoch);
+                if other_used && !durable_when_written {
                     current
                 } else {
                     1 - current
@@ -95,9 +110,13 @@ impl Epochs {
         check
     }
 
-    /// A healed pair: suspect copies found intact are re-stamped with this run's epoch (the
-    /// next sync makes them durable), torn ones dropped. Returns which slots were dropped, or
+    /// A healed pair: suspect copies found intact are re-stamped with the run base (durable once
+    /// the run has announced itself), torn ones dropped. Returns which slots were dropped, or
     /// `None` if nothing changed.
+    ///
+    /// An intact copy must not count as this run's unsynced copy: a user's fsync makes its
+    /// copies durable with one flush, recorded in the header only later, so a suspect copy may be
+    /// one an fsync acknowledged, and the next write must not overwrite it in place.
     pub fn heal(&self, pair: &mut Pair, intact: [bool; 2]) -> Option<[bool; 2]> {
         let mut changed = false;
         let mut dropped = [false; 2];
@@ -108,7 +127,7 @@ impl Epochs {
             }
             changed = true;
             if intact[slot] {
-                pair[slot] = SlotState::Valid(super::Descriptor { epoch: self.epoch, ..d });
+                pair[slot] = SlotState::Valid(super::Descriptor { epoch: self.run_base, ..d });
             } else {
                 pair[slot] = SlotState::Empty;
                 dropped[slot] = true;
@@ -175,7 +194,7 @@ mod tests {
         for (durable, heal) in [(0, 0), (1024, 0), (5000, 0), (5000, 3000), (5000, 7000)] {
             let e = Epochs::for_run(&header(durable, heal));
             assert_eq!(e.run_base, durable.max(heal) + EPOCH_GAP);
-            assert_eq!(e.epoch, e.run_base);
+            assert_eq!(e.epoch, e.run_base + 1, "the run base is for healed copies");
             assert_eq!(e.durable_below, e.run_base, "nothing of this run is durable yet");
             let suspect_from = if heal != 0 { heal.min(durable) } else { durable };
             assert_eq!(e.heal_from, suspect_from);
@@ -237,8 +256,8 @@ mod tests {
                         let other = 1 - current;
                         if pair[other] == SlotState::Empty {
                             assert_eq!(target, other, "a free slot is used: {pair:?}");
-                        } else if e.is_durable(d.epoch) {
-                            assert_eq!(target, other, "the current durable copy survives: {pair:?}");
+                        } else if e.is_durable(d.epoch) || d.epoch == e.run_base {
+                            assert_eq!(target, other, "the current durable (or healed) copy survives: {pair:?}");
                         } else {
                             assert_eq!(target, current, "the other (older) copy survives: {pair:?}");
                         }
@@ -254,7 +273,7 @@ mod tests {
 
     #[test]
     fn healing_checks_only_competing_suspect_copies_and_restamps_intact_ones() {
-        let e = Epochs::for_run(&header(4096, 2048));
+        let mut e = Epochs::for_run(&header(4096, 2048));
         let (old, suspect) = (100, 3000);
         assert!(e.is_suspect(suspect) && e.is_durable(old));
         assert_eq!(e.slots_to_check(&[copy(1, old), copy(2, suspect)]), [false, true]);
@@ -269,8 +288,16 @@ mod tests {
 
         let mut intact = [copy(1, old), copy(2, suspect)];
         assert_eq!(e.heal(&mut intact, [true, true]), Some([false, false]));
-        assert_eq!(intact, [copy(1, old), copy(2, e.epoch)]);
-        assert!(!e.is_durable(e.epoch), "re-stamped copies wait for the next sync");
+        assert_eq!(intact, [copy(1, old), copy(2, e.run_base)]);
+        assert!(!e.is_durable(e.run_base), "healed copies wait for the run's announcing flush");
+        // A suspect copy an fsync acknowledged (one flush, not yet in the header) and an older
+        // copy beside it: the next write (which announces the run first) must not overwrite it.
+        assert_eq!(e.target_slot(&intact), 0, "the healed copy survives the next write");
+        e.announced();
+        assert!(e.is_durable(e.run_base), "that flush made them durable");
+        assert!(!e.is_durable(e.epoch), "but not the run's own copies");
+        assert_eq!(e.target_slot(&intact), 0);
+        assert_eq!(e.reclaimable(&intact), Reclaim::Free(0));
 
         let mut clean = [copy(1, old), SlotState::Empty];
         assert_eq!(e.heal(&mut clean, [true, true]), None);

@@ -1,10 +1,10 @@
-//! The container format, version 1: byte maps and their encoders/decoders (see docs/FORMAT.md).
+//! The container format, version 3: byte maps and their encoders/decoders (see docs/FORMAT.md).
 //!
 //! Header copy (HEADER_COPY_SIZE bytes; two copies, at 0 and 64; the valid copy with the higher
 //! sequence number wins):
 //! ```text
 //!  0  8  magic "DENSEFS\0"
-//!  8  2  format version (u16 LE) = 1
+//!  8  2  format version (u16 LE) = 3
 //! 10  1  record shift (12..=20: record size 4 KiB..1 MiB)
 //! 11  1  checksum kind (1 = crc32c, 2 = xxh3-64)
 //! 12  1  codec id new records get, or 255 = auto (the engine picks per record)
@@ -41,9 +41,12 @@ pub use layout::{Layout, Piece};
 use layout::{GROUP0_TABLE_OFF, MAX_RECORD_SHIFT, TABLE_SIZE};
 
 pub const MAGIC: [u8; 8] = *b"DENSEFS\0";
-/// Version 2: header copy B at 64, the inline area, epochs. Version 1 files of both layouts it
-/// had are read too (docs/FORMAT.md, "Version history"); a header write makes them version 2.
-pub const FORMAT_VERSION: u16 = 2;
+/// Version 3: version 2's bytes; a user's fsync takes one flush, so a header's `durable_below`
+/// may lag behind copies an fsync made durable, and a run keeps the suspect copies it finds
+/// intact as durable. Files of versions 1 and 2 are read too (docs/FORMAT.md, "Version
+/// history"); a header write makes them version 3. An older densefs refuses version 3: it would
+/// take an acknowledged copy past `durable_below` for an unsynced one.
+pub const FORMAT_VERSION: u16 = 3;
 pub const HEADER_COPY_SIZE: usize = 64;
 pub const HEADER_COPY_STRIDE: usize = 64;
 /// Where the first densefs (format 1, before the inline area) kept header copy B.
@@ -117,7 +120,8 @@ pub struct Header {
     pub sequence: u64,
     /// Sync epochs (docs/FORMAT.md, "Epochs"): copies with an epoch below `durable_below` were
     /// made durable by a completed sync, unless they lie in the range a crash left unverified
-    /// (from `heal_from`, 0 = none, up to wherever the next run starts counting).
+    /// (from `heal_from`, 0 = none, up to wherever the next run starts counting). Since version
+    /// 3 it may lag: later copies may be durable too (a user's fsync flushes once).
     pub durable_below: u64,
     pub heal_from: u64,
 }

@@ -107,8 +107,14 @@ impl Container {
         self.sync_and_reclaim(datasync, true)
     }
 
-    /// `user_fsync`: a user waits, so records land with the fast codec (`Setting::for_fsync`)
-    /// and the older copies stay allocated for reuse.
+    /// `user_fsync`: a user waits, so records land with the fast codec (`Setting::for_fsync`),
+    /// the sync takes one flush, and the older copies stay allocated for reuse.
+    ///
+    /// One flush makes the records durable; the header records it with its next write (this
+    /// file's next fsync, the writeback tick, the close). A run after a power cut finds those
+    /// copies in its suspect range, checks them and keeps the intact ones as durable
+    /// (`Epochs::heal`), so the acknowledged ones survive. Other syncs (close, recompress) also
+    /// write the header and flush it: the next run then has nothing to check.
     fn sync_and_reclaim(self: &Arc<Self>, datasync: bool, user_fsync: bool) -> FsResult<()> {
         self.land_all(user_fsync)?;
         self.store.restore_mtime(&mut self.state.lock().store);
@@ -121,24 +127,21 @@ impl Container {
             self.store.heal_all(&mut self.state.lock().store)?;
         }
         // Copies written from here on belong to the next epoch: this sync does not cover them.
-        let (was_stale, closing) = self.state.lock().store.begin_sync();
+        let closing = self.state.lock().store.begin_sync();
         if let Err(e) = self.store.sync_lower(datasync) {
-            self.state.lock().store.sync_failed(was_stale);
+            self.state.lock().store.sync_failed(closing);
             return Err(e.into());
         }
-        {
-            // Everything of the closing epoch is durable: record that in the header, and make
-            // the header durable too before returning. A run after a crash must know exactly
-            // which copies are durable: taking a durable copy for a possibly torn one (or the
-            // reverse) would make the next write overwrite the copy that must survive.
+        self.state.lock().store.synced(&closing);
+        if !user_fsync {
             let mut st = self.state.lock();
-            st.store.synced(closing);
             self.store.write_header(&mut st.store)?;
+            drop(st);
+            self.store.sync_lower(true)?;
         }
-        self.store.sync_lower(true)?;
         let reclaimed = {
             let _io = self.slot_io.write();
-            self.store.reclaim(&mut self.state.lock().store, was_stale, user_fsync)
+            self.store.reclaim(&mut self.state.lock().store, closing.stale, user_fsync)
         };
         self.store.restore_mtime(&mut self.state.lock().store);
         reclaimed

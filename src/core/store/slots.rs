@@ -216,6 +216,7 @@ impl Store {
         st.kept_for_reuse.clear();
         st.deferred_punch.clear();
         st.heal_complete = true;
+        st.heal_durable = true; // nothing left to heal
         st.know_group_0_empty();
         Ok(())
     }
