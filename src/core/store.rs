@@ -185,13 +185,15 @@ impl StoreState {
         ClosingSync {
             epoch: self.epochs.begin_sync(),
             stale: std::mem::take(&mut self.stale),
+            cleared: std::mem::take(&mut self.deferred_punch),
             heal_written: self.all_healed() && self.unpersisted.is_empty(),
         }
     }
 
-    /// The sync's flush failed: the old copies are still to be freed later.
+    /// The sync's flush failed: the old copies and cleared slots are still to be freed later.
     pub fn sync_failed(&mut self, closing: ClosingSync) {
         self.stale.extend(closing.stale);
+        self.deferred_punch.extend(closing.cleared);
     }
 
     /// The sync's flush completed: everything of the closing epoch is durable (and the healed
@@ -207,7 +209,9 @@ impl StoreState {
 pub struct ClosingSync {
     epoch: u64,
     /// Records whose older copy can be freed once the sync completed.
-    pub stale: BTreeSet<u64>,
+    stale: BTreeSet<u64>,
+    /// Slots truncates cleared before the flush began: punched once it completed.
+    cleared: BTreeSet<(u64, usize)>,
     /// Every group was healed and its table written before the flush began.
     heal_written: bool,
 }

@@ -141,7 +141,7 @@ impl Container {
         }
         let reclaimed = {
             let _io = self.slot_io.write();
-            self.store.reclaim(&mut self.state.lock().store, closing.stale, user_fsync)
+            self.store.reclaim(&mut self.state.lock().store, closing, user_fsync)
         };
         self.store.restore_mtime(&mut self.state.lock().store);
         reclaimed

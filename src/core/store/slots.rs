@@ -1,7 +1,7 @@
 //! The store's slots: reading and writing record copies, reclaiming old copies after a sync,
 //! and cutting the lower file (truncates, an emptied file, recompress's tail).
 
-use super::{Store, StoreState};
+use super::{ClosingSync, Store, StoreState};
 use crate::core::error::{FsError, FsResult};
 use crate::core::lower;
 use crate::engine::Encoded;
@@ -78,6 +78,9 @@ impl Store {
         // Before the slot is written: a new file's data never reaches its lower file ahead of a
         // durable header.
         self.announce(st)?;
+        if st.deferred_punch.contains(&(record, target)) {
+            self.make_clears_durable(st)?;
+        }
         st.touch();
         if stored > 0 {
             if inline {
@@ -106,20 +109,37 @@ impl Store {
         Ok(())
     }
 
-    /// After a sync: punches the slots truncates cleared (their cleared descriptors are durable
-    /// now), and frees the non-current slot of each record whose current copy is durable.
+    /// Punches slots a truncate cleared, once their cleared descriptors are durable; a slot
+    /// written again since keeps its new copy.
+    fn punch_cleared(&self, st: &mut StoreState, cleared: BTreeSet<(u64, usize)>) -> FsResult<()> {
+        for (record, slot) in cleared {
+            if self.pair(st, record)?[slot] == SlotState::Empty {
+                st.touch();
+                lower::punch_hole(&self.lower, self.layout.record_to_slot_off(record, slot), self.layout.record_size())?;
+            }
+        }
+        Ok(())
+    }
+
+    /// A slot a truncate cleared since the last sync may still hold the copy the disk calls
+    /// current (the cleared descriptor is not durable yet), and a power cut tearing it would
+    /// serve the copy before it. Before a new copy goes there, a flush makes the clears durable
+    /// (and their punches are done). Caller holds `slot_io` exclusively.
+    fn make_clears_durable(&self, st: &mut StoreState) -> FsResult<()> {
+        self.write_gathered(st)?;
+        lower::fdatasync(&self.lower)?;
+        let cleared = std::mem::take(&mut st.deferred_punch);
+        self.punch_cleared(st, cleared)
+    }
+
+    /// After a sync: punches the slots truncates cleared before it began (their cleared
+    /// descriptors are durable now), and frees the non-current slot of each record whose current copy is durable.
     /// `keep_for_reuse` (a user's fsync on a file that stays open): those old copies stay in
     /// place for the records' next copies to overwrite, and are freed by `free_kept` later.
     /// Caller holds `slot_io` exclusively.
-    pub fn reclaim(&self, st: &mut StoreState, records: BTreeSet<u64>, keep_for_reuse: bool) -> FsResult<()> {
-        let rs = self.layout.record_size();
-        for (record, slot) in std::mem::take(&mut st.deferred_punch) {
-            // Skip a slot written again since (its descriptor is set again).
-            if self.pair(st, record)?[slot] == SlotState::Empty {
-                st.touch();
-                lower::punch_hole(&self.lower, self.layout.record_to_slot_off(record, slot), rs)?;
-            }
-        }
+    pub fn reclaim(&self, st: &mut StoreState, closing: ClosingSync, keep_for_reuse: bool) -> FsResult<()> {
+        self.punch_cleared(st, closing.cleared)?;
+        let records = closing.stale;
         if keep_for_reuse {
             st.kept_for_reuse.extend(records);
             return Ok(());
