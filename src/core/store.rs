@@ -17,7 +17,7 @@ use crate::format::layout::{GROUP_RECORDS, HEADER_BLOCK, TABLE_SIZE};
 use crate::format::{
     decode_table, newest_first, Descriptor, FormatError, Header, Layout, Pair, SlotState, BIRTH_HEADER_SIZE, BIRTH_HEADER_XATTR,
 };
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::fs::File;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use std::sync::Arc;
@@ -80,7 +80,8 @@ pub struct StoreState {
     /// Slots a truncate cleared, punched after the next sync: punching them at once could reach
     /// the disk before the cleared descriptor does, and a power cut would then leave a
     /// descriptor pointing at a hole with an older copy behind it served in its place.
-    deferred_punch: BTreeSet<(u64, usize)>,
+    /// With the epoch of the clear: a sync closing that epoch made it durable.
+    deferred_punch: BTreeMap<(u64, usize), u64>,
     /// This run has written to the lower file: a run that only reads has nothing to sync.
     wrote: bool,
     /// Sizes up to this are known to fit the lower file system (see `check_lower_can_hold`).
@@ -185,15 +186,13 @@ impl StoreState {
         ClosingSync {
             epoch: self.epochs.begin_sync(),
             stale: std::mem::take(&mut self.stale),
-            cleared: std::mem::take(&mut self.deferred_punch),
             heal_written: self.all_healed() && self.unpersisted.is_empty(),
         }
     }
 
-    /// The sync's flush failed: the old copies and cleared slots are still to be freed later.
+    /// The sync's flush failed: the old copies are still to be freed later.
     pub fn sync_failed(&mut self, closing: ClosingSync) {
         self.stale.extend(closing.stale);
-        self.deferred_punch.extend(closing.cleared);
     }
 
     /// The sync's flush completed: everything of the closing epoch is durable (and the healed
@@ -210,8 +209,6 @@ pub struct ClosingSync {
     epoch: u64,
     /// Records whose older copy can be freed once the sync completed.
     stale: BTreeSet<u64>,
-    /// Slots truncates cleared before the flush began: punched once it completed.
-    cleared: BTreeSet<(u64, usize)>,
     /// Every group was healed and its table written before the flush began.
     heal_written: bool,
 }
@@ -310,7 +307,7 @@ impl Store {
             heal_durable: false,
             stale: BTreeSet::new(),
             kept_for_reuse: BTreeSet::new(),
-            deferred_punch: BTreeSet::new(),
+            deferred_punch: BTreeMap::new(),
             wrote: false,
             checked_size: 0,
             header_on_disk: true,

@@ -78,7 +78,7 @@ impl Store {
         // Before the slot is written: a new file's data never reaches its lower file ahead of a
         // durable header.
         self.announce(st)?;
-        if st.deferred_punch.contains(&(record, target)) {
+        if st.deferred_punch.contains_key(&(record, target)) {
             self.make_clears_durable(st)?;
         }
         st.touch();
@@ -128,17 +128,22 @@ impl Store {
     fn make_clears_durable(&self, st: &mut StoreState) -> FsResult<()> {
         self.write_gathered(st)?;
         lower::fdatasync(&self.lower)?;
-        let cleared = std::mem::take(&mut st.deferred_punch);
+        let cleared = std::mem::take(&mut st.deferred_punch).into_keys().collect();
         self.punch_cleared(st, cleared)
     }
 
     /// After a sync: punches the slots truncates cleared before it began (their cleared
-    /// descriptors are durable now), and frees the non-current slot of each record whose current copy is durable.
+    /// descriptors are durable now), and frees the non-current slot of each record whose current
+    /// copy is durable.
     /// `keep_for_reuse` (a user's fsync on a file that stays open): those old copies stay in
     /// place for the records' next copies to overwrite, and are freed by `free_kept` later.
     /// Caller holds `slot_io` exclusively.
     pub fn reclaim(&self, st: &mut StoreState, closing: ClosingSync, keep_for_reuse: bool) -> FsResult<()> {
-        self.punch_cleared(st, closing.cleared)?;
+        // Not the slots cleared during the flush (in the next epoch): those wait for the next sync.
+        let cleared: BTreeSet<(u64, usize)> =
+            st.deferred_punch.iter().filter(|&(_, &epoch)| epoch <= closing.epoch).map(|(&slot, _)| slot).collect();
+        st.deferred_punch.retain(|slot, _| !cleared.contains(slot));
+        self.punch_cleared(st, cleared)?;
         let records = closing.stale;
         if keep_for_reuse {
             st.kept_for_reuse.extend(records);
@@ -194,7 +199,7 @@ impl Store {
             for (slot, s) in pair.iter().enumerate() {
                 if *s != SlotState::Empty {
                     self.set_descriptor(st, record, slot, SlotState::Empty)?;
-                    st.deferred_punch.insert((record, slot));
+                    st.deferred_punch.insert((record, slot), st.epochs.epoch);
                 }
             }
         }
