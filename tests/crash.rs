@@ -593,6 +593,48 @@ fn power_cut(lower: &std::path::Path, logs: &std::path::Path, rng: &mut rand::rn
     (reverted, kept)
 }
 
+/// What a power-cut test needs: its directories, the shim (tests/fault/libpowercut.c) logging
+/// into `logs`, and the rng deciding which unsynced blocks each cut undoes.
+struct PowerCuts {
+    d: Dirs,
+    logs: std::path::PathBuf,
+    shim: std::path::PathBuf,
+    rng: rand::rngs::StdRng,
+}
+
+impl PowerCuts {
+    fn new(seed: u64) -> PowerCuts {
+        let d = Dirs::new();
+        let logs = d.root.path().join("powercut");
+        std::fs::create_dir(&logs).unwrap();
+        let shim = powercut_shim(d.root.path());
+        PowerCuts { d, logs, shim, rng: rand::rngs::StdRng::seed_from_u64(seed) }
+    }
+
+    /// A mount whose daemon's lower writes the shim logs.
+    fn mount(&self, options: &str) -> Mount {
+        let env = [("LD_PRELOAD", self.shim.to_str().unwrap()), ("POWERCUT_LOG", self.logs.to_str().unwrap())];
+        Mount::with_env(&self.d.lower, &self.d.mnt, options, &env)
+    }
+
+    /// A power cut, once the daemon was killed: (blocks undone, blocks kept).
+    fn cut(&mut self) -> (usize, usize) {
+        power_cut(&self.d.lower, &self.logs, &mut self.rng)
+    }
+}
+
+/// `DENSEFS_SEED` if set (to replay), else `default`.
+fn seed_or(default: u64) -> u64 {
+    std::env::var("DENSEFS_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(default)
+}
+
+/// Writes `version` of records `0..records` of the crash tests' file 0.
+fn write_versions(file: &File, records: u32, version: u32) {
+    for record in 0..records {
+        file.write_all_at(&version_bytes(0, record, version), u64::from(record) * RECORD as u64).unwrap();
+    }
+}
+
 #[test]
 fn a_power_cut_never_loses_fsynced_data_or_returns_garbage() {
     let rounds: usize = std::env::var("DENSEFS_POWERCUT_ROUNDS").ok().and_then(|s| s.parse().ok()).unwrap_or(15);
@@ -601,17 +643,12 @@ fn a_power_cut_never_loses_fsynced_data_or_returns_garbage() {
         .and_then(|s| s.parse().ok())
         .unwrap_or_else(|| std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64);
     eprintln!("power-cut test seed {seed} (replay with DENSEFS_SEED={seed})");
-    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-    let d = Dirs::new();
-    let logs = d.root.path().join("powercut");
-    std::fs::create_dir(&logs).unwrap();
-    let shim = powercut_shim(d.root.path());
-    let env = [("LD_PRELOAD", shim.to_str().unwrap()), ("POWERCUT_LOG", logs.to_str().unwrap())];
+    let mut cuts = PowerCuts::new(seed);
     let journal = Arc::new(Mutex::new(Journal { power_cut: true, ..Journal::default() }));
     let (mut total, mut reverted, mut kept) = (0, 0, 0);
     for round in 0..=rounds {
         let options = ["recordsize=16K,compression=lz4", "recordsize=16K,compression=gzip-1", "compression=zstd-1"][round % 3];
-        let m = Mount::with_env(&d.lower, &d.mnt, options, &env);
+        let m = cuts.mount(options);
         journal.lock().unwrap().round = round;
         if round > 0 {
             total += check_after_crash(&m, &journal.lock().unwrap(), round, true);
@@ -623,10 +660,10 @@ fn a_power_cut_never_loses_fsynced_data_or_returns_garbage() {
         }
         let stop = Arc::new(AtomicBool::new(false));
         let handle = {
-            let (root, journal, stop, seed) = (mount_root(&d.mnt), journal.clone(), stop.clone(), rng.gen());
+            let (root, journal, stop, seed) = (mount_root(&cuts.d.mnt), journal.clone(), stop.clone(), cuts.rng.gen());
             std::thread::spawn(move || writer(root, seed, journal, stop))
         };
-        std::thread::sleep(Duration::from_millis(rng.gen_range(50..400)));
+        std::thread::sleep(Duration::from_millis(cuts.rng.gen_range(50..400)));
         m.kill();
         stop.store(true, Ordering::Relaxed);
         handle.join().unwrap();
@@ -636,7 +673,7 @@ fn a_power_cut_never_loses_fsynced_data_or_returns_garbage() {
                 j.note(file, format!("killed (mounted with {options})"));
             }
         }
-        let (r, k) = power_cut(&d.lower, &logs, &mut rng);
+        let (r, k) = cuts.cut();
         reverted += r;
         kept += k;
     }
@@ -652,16 +689,11 @@ fn a_power_cut_never_loses_fsynced_data_or_returns_garbage() {
 /// leave every record as it was fsynced, from one copy or the other, never unreadable.
 #[test]
 fn a_power_cut_after_the_tick_re_encodes_fsynced_records_keeps_them() {
-    let mut rng = rand::rngs::StdRng::seed_from_u64(std::env::var("DENSEFS_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(7));
-    let d = Dirs::new();
-    let logs = d.root.path().join("powercut");
-    std::fs::create_dir(&logs).unwrap();
-    let shim = powercut_shim(d.root.path());
-    let env = [("LD_PRELOAD", shim.to_str().unwrap()), ("POWERCUT_LOG", logs.to_str().unwrap())];
+    let mut cuts = PowerCuts::new(seed_or(7));
     let mut expected: Vec<(String, Vec<u8>)> = Vec::new();
     let mut reverted = 0;
     for round in 0..2 {
-        let m = Mount::with_env(&d.lower, &d.mnt, "recordsize=16K,compression=gzip-6", &env);
+        let m = cuts.mount("recordsize=16K,compression=gzip-6");
         for (name, data) in &expected {
             assert!(std::fs::read(m.path(name)).unwrap() == *data, "round {round}: {name} differs after the power cut");
         }
@@ -671,7 +703,7 @@ fn a_power_cut_after_the_tick_re_encodes_fsynced_records_keeps_them() {
         file.write_all_at(&data, 0).unwrap();
         file.sync_all().unwrap();
         for record in 0..16 {
-            let at = record * RECORD + rng.gen_range(0..RECORD - 64);
+            let at = record * RECORD + cuts.rng.gen_range(0..RECORD - 64);
             data[at..at + 64].fill(b'0' + record as u8);
             file.write_all_at(&data[at..at + 64], at as u64).unwrap();
             file.sync_data().unwrap();
@@ -689,10 +721,10 @@ fn a_power_cut_after_the_tick_re_encodes_fsynced_records_keeps_them() {
         common::wait_until("the tick to re-encode the fsynced records", || stored_with(&m, "gzip-6") == 16);
         m.kill();
         drop(file);
-        reverted += power_cut(&d.lower, &logs, &mut rng).0;
+        reverted += cuts.cut().0;
         expected.push((name, data));
     }
-    let m = Mount::new(&d.lower, &d.mnt, "");
+    let m = Mount::new(&cuts.d.lower, &cuts.d.mnt, "");
     for (name, data) in &expected {
         assert!(std::fs::read(m.path(name)).unwrap() == *data, "{name} differs after the power cut");
     }
@@ -709,18 +741,8 @@ fn a_power_cut_after_the_tick_re_encodes_fsynced_records_keeps_them() {
 #[test]
 fn a_second_power_cut_never_takes_back_what_the_last_fsync_acknowledged() {
     const N: u32 = 16;
-    let mut rng = rand::rngs::StdRng::seed_from_u64(std::env::var("DENSEFS_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(11));
-    let d = Dirs::new();
-    let logs = d.root.path().join("powercut");
-    std::fs::create_dir(&logs).unwrap();
-    let shim = powercut_shim(d.root.path());
-    let env = [("LD_PRELOAD", shim.to_str().unwrap()), ("POWERCUT_LOG", logs.to_str().unwrap())];
+    let mut cuts = PowerCuts::new(seed_or(11));
     let options = "recordsize=16K,compression=lz4";
-    let write_version = |file: &File, version: u32| {
-        for record in 0..N {
-            file.write_all_at(&version_bytes(0, record, version), u64::from(record) * RECORD as u64).unwrap();
-        }
-    };
     // Which version each record reads as (u32::MAX: none of them).
     let versions = |m: &Mount| -> Vec<u32> {
         let data = std::fs::read(m.path("db")).unwrap();
@@ -733,29 +755,29 @@ fn a_second_power_cut_never_takes_back_what_the_last_fsync_acknowledged() {
     };
 
     // Run 1: versions 0 and 1 each fsync'd; the power goes right after the second fsync.
-    let m = Mount::with_env(&d.lower, &d.mnt, options, &env);
+    let m = cuts.mount(options);
     let file = OpenOptions::new().read(true).write(true).create(true).truncate(true).open(m.path("db")).unwrap();
-    write_version(&file, 0);
+    write_versions(&file, N, 0);
     file.sync_data().unwrap();
-    write_version(&file, 1);
+    write_versions(&file, N, 1);
     file.sync_data().unwrap();
     m.kill();
     drop(file);
-    power_cut(&d.lower, &logs, &mut rng);
+    cuts.cut();
 
     // Run 2: version 1 everywhere; version 2 lands (the writeback tick, no sync), then the power
     // goes again, tearing some of its writes.
-    let m = Mount::with_env(&d.lower, &d.mnt, options, &env);
+    let m = cuts.mount(options);
     assert_eq!(versions(&m), vec![1; N as usize], "after the first power cut");
     let file = OpenOptions::new().read(true).write(true).open(m.path("db")).unwrap();
-    write_version(&file, 2);
-    let lower = d.lower.join("db");
+    write_versions(&file, N, 2);
+    let lower = cuts.d.lower.join("db");
     common::wait_until("version 2 to land", || lower_dump(&lower).matches(" gen 3 ").count() == N as usize);
     m.kill();
     drop(file);
-    let (reverted, kept) = power_cut(&d.lower, &logs, &mut rng);
+    let (reverted, kept) = cuts.cut();
 
-    let m = Mount::new(&d.lower, &d.mnt, "");
+    let m = Mount::new(&cuts.d.lower, &cuts.d.mnt, "");
     let after = versions(&m);
     m.unmount();
     eprintln!("after the second power cut ({reverted} blocks undone, {kept} kept): versions {after:?}");
@@ -770,36 +792,26 @@ fn a_second_power_cut_never_takes_back_what_the_last_fsync_acknowledged() {
 #[test]
 fn records_cut_and_written_again_before_a_sync_never_bring_back_a_superseded_copy() {
     const N: u32 = 12;
-    let mut rng = rand::rngs::StdRng::seed_from_u64(std::env::var("DENSEFS_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(5));
-    let d = Dirs::new();
-    let logs = d.root.path().join("powercut");
-    std::fs::create_dir(&logs).unwrap();
-    let shim = powercut_shim(d.root.path());
-    let env = [("LD_PRELOAD", shim.to_str().unwrap()), ("POWERCUT_LOG", logs.to_str().unwrap())];
-    let write_version = |file: &File, version: u32| {
-        for record in 0..N {
-            file.write_all_at(&version_bytes(0, record, version), u64::from(record) * RECORD as u64).unwrap();
-        }
-    };
+    let mut cuts = PowerCuts::new(seed_or(5));
     let mut reverted = 0;
     for round in 0..8 {
         let name = format!("db{round}");
-        let m = Mount::with_env(&d.lower, &d.mnt, "recordsize=16K,compression=lz4", &env);
+        let m = cuts.mount("recordsize=16K,compression=lz4");
         let file = OpenOptions::new().read(true).write(true).create(true).truncate(true).open(m.path(&name)).unwrap();
         // Three fsync'd versions: each record's current copy (version 2) is back in its first
         // slot, with version 1 beside it.
         for version in 0..3 {
-            write_version(&file, version);
+            write_versions(&file, N, version);
             file.sync_data().unwrap();
         }
         file.set_len(RECORD as u64).unwrap(); // not synced
-        write_version(&file, 3);
-        let lower = d.lower.join(&name);
+        write_versions(&file, N, 3);
+        let lower = cuts.d.lower.join(&name);
         common::wait_until("version 3 to land", || (1..N).all(|r| lower_dump(&lower).contains(&format!("record {r} slot 0: gen 1 "))));
         m.kill();
         drop(file);
-        reverted += power_cut(&d.lower, &logs, &mut rng).0;
-        let m = Mount::new(&d.lower, &d.mnt, "");
+        reverted += cuts.cut().0;
+        let m = Mount::new(&cuts.d.lower, &cuts.d.mnt, "");
         let f = File::open(m.path(&name)).unwrap();
         for record in 1..N {
             let mut buf = vec![0u8; RECORD];
