@@ -161,8 +161,9 @@ impl StoreState {
     }
 
     /// An empty lower file's group 0 holds nothing (and needs no healing): a new file's first
-    /// record lands without reading a table.
+    /// record lands without reading a table, and its header keeps no suspect range.
     fn know_group_0_empty(&mut self) {
+        self.heal_durable = true;
         self.healed.insert(0);
         self.cache_table(0, vec![[SlotState::Empty; 2]; GROUP_RECORDS as usize].into_boxed_slice());
     }
@@ -327,7 +328,6 @@ impl Store {
         // Announced (header written) with its first data or size.
         state.header_on_disk = false;
         state.know_group_0_empty();
-        state.heal_durable = true; // nothing to heal
         (store, state)
     }
 

@@ -134,9 +134,7 @@ impl Container {
         }
         self.state.lock().store.synced(&closing);
         if !user_fsync {
-            let mut st = self.state.lock();
-            self.store.write_header(&mut st.store)?;
-            drop(st);
+            self.store.write_header(&mut self.state.lock().store)?;
             self.store.sync_lower(true)?;
         }
         let reclaimed = {

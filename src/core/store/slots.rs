@@ -111,7 +111,7 @@ impl Store {
 
     /// Punches slots a truncate cleared, once their cleared descriptors are durable; a slot
     /// written again since keeps its new copy.
-    fn punch_cleared(&self, st: &mut StoreState, cleared: BTreeSet<(u64, usize)>) -> FsResult<()> {
+    fn punch_cleared(&self, st: &mut StoreState, cleared: impl IntoIterator<Item = (u64, usize)>) -> FsResult<()> {
         for (record, slot) in cleared {
             if self.pair(st, record)?[slot] == SlotState::Empty {
                 st.touch();
@@ -128,8 +128,8 @@ impl Store {
     fn make_clears_durable(&self, st: &mut StoreState) -> FsResult<()> {
         self.write_gathered(st)?;
         lower::fdatasync(&self.lower)?;
-        let cleared = std::mem::take(&mut st.deferred_punch).into_keys().collect();
-        self.punch_cleared(st, cleared)
+        let cleared = std::mem::take(&mut st.deferred_punch);
+        self.punch_cleared(st, cleared.into_keys())
     }
 
     /// After a sync: punches the slots truncates cleared before it began (their cleared
@@ -140,10 +140,9 @@ impl Store {
     /// Caller holds `slot_io` exclusively.
     pub fn reclaim(&self, st: &mut StoreState, closing: ClosingSync, keep_for_reuse: bool) -> FsResult<()> {
         // Not the slots cleared during the flush (in the next epoch): those wait for the next sync.
-        let cleared: BTreeSet<(u64, usize)> =
-            st.deferred_punch.iter().filter(|&(_, &epoch)| epoch <= closing.epoch).map(|(&slot, _)| slot).collect();
-        st.deferred_punch.retain(|slot, _| !cleared.contains(slot));
-        self.punch_cleared(st, cleared)?;
+        let (cleared, later) = std::mem::take(&mut st.deferred_punch).into_iter().partition(|&(_, epoch)| epoch <= closing.epoch);
+        st.deferred_punch = later;
+        self.punch_cleared(st, cleared.into_keys())?;
         let records = closing.stale;
         if keep_for_reuse {
             st.kept_for_reuse.extend(records);
@@ -241,7 +240,6 @@ impl Store {
         st.kept_for_reuse.clear();
         st.deferred_punch.clear();
         st.heal_complete = true;
-        st.heal_durable = true; // nothing left to heal
         st.know_group_0_empty();
         Ok(())
     }
