@@ -134,6 +134,44 @@ fn a_file_closed_on_a_full_disk_keeps_its_data_until_it_can_be_written() {
     m.unmount();
 }
 
+/// A user's fsync of a record or two lands it uncompressed (it waits for no codec). On a disk
+/// with room for the record compressed but not uncompressed, the fsync must still succeed: the
+/// record is landed again with the file's codec.
+#[test]
+fn a_small_fsync_on_a_nearly_full_disk_lands_compressed_what_does_not_fit_uncompressed() {
+    let d = Dirs::new();
+    let _disk = SmallDisk::new(&d.lower, "12M");
+    let m = Mount::new(&d.lower, &d.mnt, "compression=lz4");
+    let mut data = compressible(1 << 20, 21);
+    fs::write(m.path("db"), &data).unwrap();
+    let f = OpenOptions::new().read(true).write(true).open(m.path("db")).unwrap();
+    f.sync_all().unwrap();
+    // Leave 96 KiB free, behind densefs's back: a 128 KiB record fits compressed (about 60 KiB
+    // with lz4), not uncompressed.
+    let sv = free_bytes(&d.lower);
+    let leave = 96 << 10;
+    let ok = Command::new("fallocate").args(["-l", &(sv - leave).to_string()]).arg(d.lower.join("filler")).status().unwrap();
+    assert!(ok.success());
+    assert!(free_bytes(&d.lower) <= leave);
+    data[200_000..200_100].fill(b'x');
+    f.write_all_at(&data[200_000..200_100], 200_000).unwrap();
+    f.sync_data().expect("an fsync whose record fits compressed must succeed");
+    drop(f);
+    assert!(fs::read(m.path("db")).unwrap() == data);
+    m.unmount();
+    let m = Mount::new(&d.lower, &d.mnt, "");
+    assert!(fs::read(m.path("db")).unwrap() == data, "db after remount");
+    m.unmount();
+}
+
+/// Bytes free on the file system holding `dir`, for an unprivileged writer.
+fn free_bytes(dir: &Path) -> u64 {
+    let out = Command::new("stat").args(["-f", "-c", "%a %S"]).arg(dir).output().unwrap();
+    let text = String::from_utf8(out.stdout).unwrap();
+    let mut it = text.split_whitespace().map(|n| n.parse::<u64>().unwrap());
+    it.next().unwrap() * it.next().unwrap()
+}
+
 /// Preallocation cannot reserve compressed space, but it must not promise room the lower plainly
 /// lacks: as on OpenZFS, fallocate and posix_fallocate fail at once with ENOSPC, and what fits
 /// still succeeds (the size changes, the bytes read as zeros).

@@ -17,6 +17,9 @@ const AUTO_NAME: &str = "auto";
 /// The header's codec byte for `auto` (docs/FORMAT.md); outside the range of codec ids.
 const AUTO_ID: u8 = 255;
 
+/// A user's fsync landing at most this much stores it uncompressed (`Setting::for_fsync`).
+pub const FSYNC_RAW_BYTES: usize = 256 << 10;
+
 impl Setting {
     pub const LZ4: Setting = Setting::Fixed(Compression::LZ4);
 
@@ -28,12 +31,16 @@ impl Setting {
         Compression::parse(name).map(Setting::Fixed).map_err(|_| format!("unknown compression '{name}' (expected {})", setting_names()))
     }
 
-    /// What a user's fsync lands records with: this setting if its codec is fast, else lz4, so
-    /// the caller waits for lz4 and not for gzip or zstd on a whole record (ZFS's sync writes
-    /// wait for the intent log, not for the record's compression). The container re-encodes
-    /// those records with this setting later (`Container::settle_interim`).
-    pub fn for_fsync(self) -> Setting {
+    /// What a user's fsync lands `bytes` of changed records with; the caller waits for them.
+    /// Little (at most [`FSYNC_RAW_BYTES`], a record or two) is stored uncompressed, as ZFS's
+    /// intent log keeps small sync writes: compressing it could not be spread over the cores,
+    /// so it would all be waiting. More lands with this setting if its codec is fast, else
+    /// with lz4, on every core (ZFS's sync writes wait for the intent log, not for gzip or
+    /// zstd). The container re-encodes those records with this setting once the file has gone
+    /// quiet (`Container::settle_interim`).
+    pub fn for_fsync(self, bytes: usize) -> Setting {
         match self {
+            _ if bytes <= FSYNC_RAW_BYTES => Setting::Fixed(Compression::OFF),
             Setting::Fixed(c) if c.codec.is_fast() => self,
             _ => Setting::LZ4,
         }

@@ -415,3 +415,18 @@ mod deflate_encoders {
         }
     }
 }
+
+#[test]
+fn a_users_fsync_lands_a_record_or_two_uncompressed_and_more_with_a_fast_codec() {
+    use setting::{Setting, FSYNC_RAW_BYTES};
+    let gzip_6 = Setting::parse("gzip-6").unwrap();
+    let zle = Setting::parse("zle").unwrap();
+    for setting in [gzip_6, zle, Setting::LZ4, Setting::Auto] {
+        assert_eq!(setting.for_fsync(4096), Setting::Fixed(Compression::OFF), "{setting}");
+        assert_eq!(setting.for_fsync(FSYNC_RAW_BYTES), Setting::Fixed(Compression::OFF), "{setting}");
+    }
+    assert_eq!(gzip_6.for_fsync(FSYNC_RAW_BYTES + 1), Setting::LZ4);
+    assert_eq!(Setting::Auto.for_fsync(FSYNC_RAW_BYTES + 1), Setting::LZ4);
+    assert_eq!(zle.for_fsync(FSYNC_RAW_BYTES + 1), zle);
+    assert_eq!(Setting::LZ4.for_fsync(FSYNC_RAW_BYTES + 1), Setting::LZ4);
+}

@@ -77,8 +77,8 @@ struct State {
     /// the header): dropped on the lower when the file is first opened for writing, so a run
     /// that only reads changes nothing.
     pending_discard: Option<u64>,
-    /// Records a user's fsync landed with lz4 instead of the file's slower codec: re-encoded
-    /// once quiet (`Container::settle_interim`).
+    /// Records a user's fsync landed uncompressed or with lz4 instead of the file's codec:
+    /// re-encoded once quiet (`Container::settle_interim`).
     interim: sync::Interim,
 }
 
@@ -590,17 +590,18 @@ impl Container {
     /// Moves the given dirty records into flight and builds their engine jobs. Records already in
     /// flight stay dirty: one version of a record is in the engine at a time.
     fn prepare(self: &Arc<Self>, st: &mut State, records: &[u64]) -> Vec<Job> {
-        self.send(st, records, false).into_iter().map(|sent| self.job(sent)).collect()
+        self.send(st, records, None).into_iter().map(|sent| self.job(sent)).collect()
     }
 
-    /// Moves the given dirty records into flight: what to compress for each. `for_fsync`: with
-    /// the fast codec a user's fsync waits for (`Setting::for_fsync`), noted as interim.
-    fn send(&self, st: &mut State, records: &[u64], for_fsync: bool) -> Vec<Sent> {
+    /// Moves the given dirty records into flight: what to compress for each. `fsync_landing`:
+    /// the setting a user's fsync lands them with (`Setting::for_fsync`) instead of the file's,
+    /// noted as interim.
+    fn send(&self, st: &mut State, records: &[u64], fsync_landing: Option<Setting>) -> Vec<Sent> {
         let mut sent = Vec::new();
         for &record in records {
             let rewriting = &mut st.rewriting;
             let Some((seq, data)) = st.buffers.send(record, || rewriting.remove(&record)) else { continue };
-            let compression = if for_fsync { st.store.compression.for_fsync() } else { st.store.compression };
+            let compression = fsync_landing.unwrap_or(st.store.compression);
             st.interim.sent(record, compression != st.store.compression);
             let request = CompressRequest {
                 data,

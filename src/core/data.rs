@@ -334,10 +334,11 @@ impl DenseFs {
         let Some(content) = open.content.take() else { return };
         let file = content.file().clone();
         if let Content::Container(c) = content {
-            // Records fsyncs landed with lz4 get the file's codec now; their lz4 copies are
-            // freed by the sync. A record that cannot be read again just stays as it is.
+            // Records fsyncs landed uncompressed or with lz4 get the file's codec now; their
+            // interim copies are freed by the sync. A record that cannot be read again just
+            // stays as it is.
             let settled = c.settle_interim(true).unwrap_or_else(|e| {
-                tracing::warn!(inode = inode.nodeid, "re-encoding records fsync landed with lz4: {e}");
+                tracing::warn!(inode = inode.nodeid, "re-encoding records an fsync landed: {e}");
                 true
             });
             let result = if settled || c.has_stale() { c.sync(true) } else { c.flush() };

@@ -393,7 +393,7 @@ impl DenseFs {
                 // Only here, not in the memory budget's kick: re-encoding loads records, and a
                 // record counts as quiet after one whole tick without an fsync.
                 if let Err(e) = c.settle_interim(false) {
-                    tracing::warn!("re-encoding records fsync landed with lz4: {e}");
+                    tracing::warn!("re-encoding records an fsync landed: {e}");
                 }
             }
         }

@@ -170,8 +170,9 @@ fn bytes_of(version: &[u8], start: usize, end: usize) -> Vec<u8> {
     (start..end).map(|i| version.get(i).copied().unwrap_or(0)).collect()
 }
 
-/// `user_fsyncs`: half the syncs are a user's fsync instead (records land with lz4 where the
-/// file's codec is slower) followed by a writeback tick's settle, which re-encodes them later.
+/// `user_fsyncs`: half the syncs are a user's fsync instead (records land uncompressed or with
+/// lz4, not with the file's codec) followed by a writeback tick's settle, which re-encodes them
+/// later.
 fn run_seed(name: &str, seed: u64, user_fsyncs: bool) {
     let mut rng = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
     let record_size = [4096u64, 16384][rng.below(2) as usize];

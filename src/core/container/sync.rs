@@ -26,9 +26,10 @@ impl Container {
         self.land_all(false)
     }
 
-    /// Lands every dirty record; `for_fsync`: with the codec a user's fsync waits for.
+    /// Lands every dirty record; `for_fsync`: with the setting a user's fsync waits for.
     fn land_all(self: &Arc<Self>, for_fsync: bool) -> FsResult<()> {
         let mut st = self.state.lock();
+        let fsync_landing = for_fsync.then(|| st.store.compression.for_fsync(st.buffers.dirty_bytes()));
         let mut pending: BTreeSet<u64> = st.buffers.dirty_records().into_iter().chain(st.buffers.in_flight_records()).collect();
         loop {
             if let Some(e) = st.write_error.take() {
@@ -39,7 +40,7 @@ impl Container {
                 break;
             }
             let ready: Vec<u64> = pending.iter().copied().filter(|&r| st.buffers.is_dirty(r)).collect();
-            let sent = self.send(&mut st, &ready, for_fsync);
+            let sent = self.send(&mut st, &ready, fsync_landing);
             if sent.is_empty() {
                 // Waits for queued landings too: a record leaves flight only once it landed.
                 self.landed.wait(&mut st);
@@ -116,7 +117,12 @@ impl Container {
     /// (`Epochs::heal`), so the acknowledged ones survive. Other syncs (close, recompress) also
     /// write the header and flush it: the next run then has nothing to check.
     fn sync_and_reclaim(self: &Arc<Self>, datasync: bool, user_fsync: bool) -> FsResult<()> {
-        self.land_all(user_fsync)?;
+        match self.land_all(user_fsync) {
+            // Uncompressed (or lz4) records may not fit where the file's codec would: the records
+            // that failed are dirty again and retried with it.
+            Err(e) if user_fsync && e.errno == libc::ENOSPC => self.land_all(false)?,
+            landed => landed?,
+        }
         self.store.restore_mtime(&mut self.state.lock().store);
         if !self.state.lock().store.wrote() {
             // This run wrote nothing (a reader's fsync): no epoch to close, no header to write.
