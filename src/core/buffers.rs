@@ -3,6 +3,7 @@
 //! decoded records). Every byte held is charged to the mount's one budget (`memory.rs`) and
 //! released when dropped, so the accounting stays exact whatever path a buffer takes.
 
+use super::changed::Changed;
 use super::memory::Memory;
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
@@ -15,6 +16,8 @@ pub struct InFlight {
     /// Tells this version from a later one of the same record (landing checks it).
     pub seq: u64,
     pub data: Arc<Vec<u8>>,
+    /// The blocks this version changed against the one before it.
+    pub changed: Changed,
     /// Re-encoded by recompress (same bytes): land only if it takes less space than the copy
     /// stored now.
     pub only_if_smaller: bool,
@@ -24,6 +27,9 @@ pub struct Buffers {
     /// Records changed in memory and not yet handed to the engine; each buffer is at most the
     /// record's length within the file size (bytes past it read as zeros).
     dirty: BTreeMap<u64, Vec<u8>>,
+    /// For each dirty record, the blocks changed against the record's newest version before it
+    /// (in flight, or landed).
+    changed: HashMap<u64, Changed>,
     dirty_bytes: usize,
     inflight: HashMap<u64, InFlight>,
     inflight_bytes: usize,
@@ -43,6 +49,7 @@ impl Buffers {
     pub fn new(memory: Arc<Memory>) -> Buffers {
         Buffers {
             dirty: BTreeMap::new(),
+            changed: HashMap::new(),
             dirty_bytes: 0,
             inflight: HashMap::new(),
             inflight_bytes: 0,
@@ -75,7 +82,41 @@ impl Buffers {
         self.dirty_bytes
     }
 
+    /// Sets a record's dirty bytes, changed anywhere.
     pub fn put_dirty(&mut self, record: u64, buf: Vec<u8>) {
+        self.put(record, buf, Changed::All);
+    }
+
+    /// Makes the record's newest version (in flight or landed), unchanged, its dirty bytes, for
+    /// a partial write to change.
+    pub fn load_dirty(&mut self, record: u64, buf: Vec<u8>) {
+        self.put(record, buf, Changed::NONE);
+    }
+
+    /// Writes `bytes` at `at` into the record's dirty bytes (empty if it had none: then its
+    /// earlier bytes are unknown), zero-filling a gap; returns the buffer's new length.
+    pub fn write_into(&mut self, record: u64, at: usize, bytes: &[u8]) -> usize {
+        let (mut buf, mut changed) = match self.dirty.contains_key(&record) {
+            true => {
+                let changed = self.changed.get(&record).copied().unwrap_or(Changed::All);
+                (self.take_dirty(record).unwrap_or_default(), changed)
+            }
+            false => (Vec::new(), Changed::All),
+        };
+        let end = at + bytes.len();
+        if buf.len() < end {
+            changed.add(buf.len(), end);
+            buf.resize(end, 0);
+        }
+        buf[at..end].copy_from_slice(bytes);
+        changed.add(at, end);
+        let len = buf.len();
+        self.put(record, buf, changed);
+        len
+    }
+
+    fn put(&mut self, record: u64, buf: Vec<u8>, changed: Changed) {
+        self.changed.insert(record, changed);
         self.forget_clean(record);
         self.dirty_bytes += buf.len();
         self.memory.charge(buf.len());
@@ -87,6 +128,7 @@ impl Buffers {
 
     pub fn take_dirty(&mut self, record: u64) -> Option<Vec<u8>> {
         let buf = self.dirty.remove(&record)?;
+        self.changed.remove(&record);
         self.dirty_bytes -= buf.len();
         self.memory.release(buf.len());
         Some(buf)
@@ -117,6 +159,7 @@ impl Buffers {
         if self.inflight.contains_key(&record) {
             return None;
         }
+        let changed = self.changed.get(&record).copied().unwrap_or(Changed::All);
         let buf = self.take_dirty(record)?;
         if buf.is_empty() {
             return None;
@@ -127,7 +170,7 @@ impl Buffers {
         let only_if_smaller = only_if_smaller();
         self.inflight_bytes += data.len();
         self.memory.charge(data.len());
-        self.inflight.insert(record, InFlight { seq, data: data.clone(), only_if_smaller });
+        self.inflight.insert(record, InFlight { seq, data: data.clone(), changed, only_if_smaller });
         Some((seq, data))
     }
 

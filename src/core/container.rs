@@ -496,9 +496,14 @@ impl Container {
         }
     }
 
+    /// Makes the record's newest bytes its dirty ones, cut at the file size.
     fn put_trimmed(&self, st: &mut State, record: u64, buf: &[u8]) {
         let keep = self.layout().record_len_in_size(record, st.store.size);
-        st.buffers.put_dirty(record, buf[..buf.len().min(keep)].to_vec());
+        if buf.len() <= keep {
+            st.buffers.load_dirty(record, buf.to_vec());
+        } else {
+            st.buffers.put_dirty(record, buf[..keep].to_vec());
+        }
     }
 
     /// Locks the file for changing one record. When the change keeps some of the record's bytes
@@ -564,16 +569,11 @@ impl Container {
         for p in layout.split(offset, data.len() as u64) {
             let (_io, mut st) = self.lock_for_edit(p.record, p.is_partial(rs))?;
             st.rewriting.remove(&p.record);
-            let mut buf = st.buffers.take_dirty(p.record).unwrap_or_default();
-            if buf.len() < p.skip + p.len {
-                buf.resize(p.skip + p.len, 0);
-            }
-            buf[p.skip..p.skip + p.len].copy_from_slice(&data[at..at + p.len]);
+            let len = st.buffers.write_into(p.record, p.skip, &data[at..at + p.len]);
             at += p.len;
-            if p.skip + p.len == rs && buf.len() == rs {
+            if p.skip + p.len == rs && len == rs {
                 ready.push(p.record);
             }
-            st.buffers.put_dirty(p.record, buf);
             st.store.size = st.store.size.max(layout.record_to_plain_off(p.record) + (p.skip + p.len) as u64);
         }
         let jobs = {
@@ -654,12 +654,12 @@ impl Container {
             // Truncated away (or superseded) while in the engine.
             return;
         };
-        let only_if_smaller = flight.only_if_smaller;
+        let (only_if_smaller, changed) = (flight.only_if_smaller, flight.changed);
         // A new file's first landing writes its block 0 once (header, descriptor, an inline
         // record; the size too if this landing completes the file).
         let gathering = self.store.gather_block_0(&mut st.store);
         let outcome = match result {
-            Ok(Output::Compressed(encoded)) => self.store.write_copy(&mut st.store, record, &encoded, only_if_smaller),
+            Ok(Output::Compressed(encoded)) => self.store.write_copy(&mut st.store, record, &encoded, only_if_smaller, changed),
             Ok(Output::Decompressed(_)) => panic!("BUG: compress job returned a decompressed record"),
             Err(e) => Err(FsError::new(libc::EIO, format!("compressing record {record}: {e}"))),
         };
@@ -673,6 +673,7 @@ impl Container {
         });
         if let Err(e) = outcome {
             error!(file = %self.store.label(), record, "cannot write record: {e}");
+            st.store.forget_raw_copies(record);
             // Keep the data: a later flush retries once the cause (say, a full disk) is gone.
             if !st.buffers.is_dirty(record) {
                 st.buffers.put_dirty(record, flight.data.to_vec());

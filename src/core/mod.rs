@@ -6,6 +6,7 @@
 //! (see [`container`]).
 
 pub mod buffers;
+mod changed;
 pub mod container;
 pub mod data;
 pub mod error;

@@ -8,6 +8,7 @@
 //! (the container keeps it under its state lock and passes it to every call that needs it).
 //! Writers of slots hold the container's `slot_io` exclusively; the store does not lock.
 
+use super::changed::Changed;
 use super::error::{FsError, FsResult};
 use super::lower;
 use crate::checksum::ChecksumKind;
@@ -82,6 +83,11 @@ pub struct StoreState {
     /// descriptor pointing at a hole with an older copy behind it served in its place.
     /// With the epoch of the clear: a sync closing that epoch made it durable.
     deferred_punch: BTreeMap<(u64, usize), u64>,
+    /// Uncompressed copies this run wrote, per record and slot, with the blocks in which the
+    /// record's newest version differs from them: the next copy into such a slot writes only
+    /// those blocks (`write_copy`). A slot is listed only while its descriptor is the one written
+    /// with it.
+    raw_copies: HashMap<u64, [Option<RawCopy>; 2]>,
     /// This run has written to the lower file: a run that only reads has nothing to sync.
     wrote: bool,
     /// Sizes up to this are known to fit the lower file system (see `check_lower_can_hold`).
@@ -99,6 +105,14 @@ pub struct StoreState {
     mtime_to_restore: bool,
     /// A new file's block 0 while its first landing assembles it ([`Store::gather_block_0`]).
     gathered: Option<GatheredBlock>,
+}
+
+/// An uncompressed copy in a slot: the descriptor it was written with (a slot whose descriptor
+/// says otherwise holds something else), and where the record's newest version differs from it.
+#[derive(Clone, Copy)]
+struct RawCopy {
+    written: Descriptor,
+    behind: Changed,
 }
 
 /// Block 0 of a lower file that has none yet, assembled in memory: header copies, an inline
@@ -134,6 +148,12 @@ impl StoreState {
 
     pub fn wrote(&self) -> bool {
         self.wrote
+    }
+
+    /// A version of `record` failed to land: what this run knows of its uncompressed copies no
+    /// longer holds (the next version was changed against the one that failed).
+    pub fn forget_raw_copies(&mut self, record: u64) {
+        self.raw_copies.remove(&record);
     }
 
     /// Whether closing needs a sync to free old copies.
@@ -308,6 +328,7 @@ impl Store {
             heal_durable: false,
             stale: BTreeSet::new(),
             kept_for_reuse: BTreeSet::new(),
+            raw_copies: HashMap::new(),
             deferred_punch: BTreeMap::new(),
             wrote: false,
             checked_size: 0,
@@ -550,6 +571,9 @@ impl Store {
         }
         st.touch();
         let bytes = state.encode();
+        if let Some(copies) = st.raw_copies.get_mut(&record) {
+            copies[slot] = None;
+        }
         self.write_meta(st, &bytes, self.layout.record_to_descriptor_off(record, slot))?;
         let group = self.layout.record_to_group(record);
         if let Some(table) = st.tables.get_mut(&group) {

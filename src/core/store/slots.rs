@@ -1,7 +1,9 @@
 //! The store's slots: reading and writing record copies, reclaiming old copies after a sync,
 //! and cutting the lower file (truncates, an emptied file, recompress's tail).
 
-use super::{ClosingSync, Store, StoreState};
+use super::{ClosingSync, RawCopy, Store, StoreState};
+use crate::codec::Codec;
+use crate::core::changed::Changed;
 use crate::core::error::{FsError, FsResult};
 use crate::core::lower;
 use crate::engine::Encoded;
@@ -47,8 +49,13 @@ impl Store {
     /// Writes a new copy of a record (docs/FORMAT.md, "Writing a record"): the stored bytes
     /// into the target slot (punching what the slot held past them), then its descriptor.
     /// `only_if_smaller` (recompress): nothing is written unless the copy takes fewer blocks.
+    /// `changed`: the blocks this version changed against the record's previous one. An
+    /// uncompressed copy going where this run wrote an uncompressed copy of the same length
+    /// writes only the blocks that differ from it (a 4 KiB write and fsync writes 4 KiB, not
+    /// the record): the slot then holds what a whole write would leave, and a torn write of it
+    /// is a torn copy like any other.
     /// Caller holds `slot_io` exclusively.
-    pub fn write_copy(&self, st: &mut StoreState, record: u64, encoded: &Encoded, only_if_smaller: bool) -> FsResult<()> {
+    pub fn write_copy(&self, st: &mut StoreState, record: u64, encoded: &Encoded, only_if_smaller: bool, changed: Changed) -> FsResult<()> {
         let pair = self.pair(st, record)?;
         let found = newest_first(&pair);
         // Keep the last durable copy (format::durability).
@@ -75,6 +82,11 @@ impl Store {
                 }
             }
         }
+        // Taken out before anything can fail: a failed write leaves the slots unknown.
+        let mut copies = st.raw_copies.remove(&record).unwrap_or_default();
+        let raw = encoded.codec == Codec::Off && stored > 0 && !inline;
+        let in_target =
+            copies[target].take().filter(|c| raw && pair[target] == SlotState::Valid(c.written) && c.written.stored_len as u64 == stored);
         // Before the slot is written: a new file's data never reaches its lower file ahead of a
         // durable header.
         self.announce(st)?;
@@ -85,6 +97,10 @@ impl Store {
         if stored > 0 {
             if inline {
                 self.write_meta(st, &encoded.bytes, INLINE_OFF)?;
+            } else if let Some(copy) = in_target {
+                for (start, end) in copy.behind.union(changed).ranges(encoded.bytes.len()) {
+                    lower::pwrite_all(&self.lower, &encoded.bytes[start..end], slot_off + start as u64)?;
+                }
             } else {
                 lower::pwrite_all(&self.lower, &encoded.bytes, slot_off)?;
             }
@@ -105,6 +121,12 @@ impl Store {
         self.set_descriptor(st, record, target, SlotState::Valid(descriptor))?;
         if pair[1 - target] != SlotState::Empty {
             st.stale.insert(record);
+        }
+        // The other slot's copy now differs in these blocks too; this one in none.
+        copies[1 - target] = copies[1 - target].map(|c| RawCopy { behind: c.behind.union(changed), ..c });
+        copies[target] = raw.then_some(RawCopy { written: descriptor, behind: Changed::NONE });
+        if copies.iter().any(Option::is_some) {
+            st.raw_copies.insert(record, copies);
         }
         Ok(())
     }
@@ -209,6 +231,7 @@ impl Store {
         }
         let kept_groups = clear_end / GROUP_RECORDS;
         st.tables.retain(|&g, _| g < kept_groups);
+        st.raw_copies.retain(|&r, _| r < first);
         // The record holding a new end inside it keeps its old copy, with the bytes cut off,
         // until its trimmed copy lands: the header must stop covering them now, or a crash before
         // that landing brings them back. (A smaller size is safe to record at any time: nothing
@@ -235,6 +258,7 @@ impl Store {
         st.header_stale = false;
         st.persisted_size = 0;
         st.tables.clear();
+        st.raw_copies.clear();
         st.unpersisted.clear();
         st.stale.clear();
         st.kept_for_reuse.clear();
