@@ -96,12 +96,10 @@ impl Buffers {
     /// Writes `bytes` at `at` into the record's dirty bytes (empty if it had none: then its
     /// earlier bytes are unknown), zero-filling a gap; returns the buffer's new length.
     pub fn write_into(&mut self, record: u64, at: usize, bytes: &[u8]) -> usize {
-        let (mut buf, mut changed) = match self.dirty.contains_key(&record) {
-            true => {
-                let changed = self.changed.get(&record).copied().unwrap_or(Changed::All);
-                (self.take_dirty(record).unwrap_or_default(), changed)
-            }
-            false => (Vec::new(), Changed::All),
+        let changed = self.changed.get(&record).copied();
+        let (mut buf, mut changed) = match self.take_dirty(record) {
+            Some(buf) => (buf, changed.unwrap_or(Changed::All)),
+            None => (Vec::new(), Changed::All),
         };
         let end = at + bytes.len();
         if buf.len() < end {
@@ -291,6 +289,36 @@ mod tests {
             assert_eq!(b.first_pending_from(0), Some(0));
         }
         assert_eq!(memory.used(), 0, "dropping the buffers releases the rest");
+    }
+
+    #[test]
+    fn a_version_carries_the_blocks_written_since_the_one_before_and_all_of_them_when_unknown() {
+        let memory = Arc::new(Memory::new(1 << 20));
+        let mut b = Buffers::new(memory);
+        let changed = |b: &mut Buffers, record| {
+            b.send(record, || false).unwrap();
+            b.take_inflight(record).unwrap().changed
+        };
+        // Loaded unchanged, then written in two places: those blocks.
+        b.load_dirty(0, vec![7; 65536]);
+        b.write_into(0, 5000, &[1; 10]);
+        b.write_into(0, 20_000, &[2; 5000]);
+        let mut expected = Changed::NONE;
+        expected.add(5000, 5010);
+        expected.add(20_000, 25_000);
+        assert_eq!(changed(&mut b, 0), expected);
+        // Grown past its end: the gap counts as changed too.
+        b.load_dirty(1, vec![7; 4096]);
+        assert_eq!(b.write_into(1, 16_384, &[3; 100]), 16_484);
+        let mut grown = Changed::NONE;
+        grown.add(4096, 16_484);
+        assert_eq!(changed(&mut b, 1), grown);
+        // No earlier bytes in memory, or bytes put by another path: unknown.
+        b.write_into(2, 0, &[4; 100]);
+        assert_eq!(changed(&mut b, 2), Changed::All);
+        b.put_dirty(3, vec![5; 4096]);
+        b.write_into(3, 0, &[6; 10]);
+        assert_eq!(changed(&mut b, 3), Changed::All);
     }
 
     #[test]
