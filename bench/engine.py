@@ -4,6 +4,7 @@ machine has (or those given), written to bench/results/engine-LABEL.{json,md} wi
 named (CPU model and cores; GPU model when nvidia-smi is there).
 
     bench/engine.py --label h100 [--bin target/release/densefs] [--backend all] FASTQ RANDOM
+    bench/engine.py --label h100 --from-json --repeat 2 FASTQ.json RANDOM.json   (outputs of `--json` runs)
 """
 import argparse
 import json
@@ -43,10 +44,17 @@ def main():
     ap.add_argument("--repeat", default="3")
     ap.add_argument("--size", help="repeat each file's records up to this size (e.g. 1G)")
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
+    ap.add_argument("--from-json", action="store_true", help="the files are `densefs bench engine --json` outputs")
     ap.add_argument("files", nargs="+")
     a = ap.parse_args()
     runs = []
     for f in a.files:
+        if a.from_json:
+            try:
+                runs.append(json.loads(Path(f).read_text()))
+            except (OSError, ValueError) as e:
+                print(f"skipped {f}: {e}", file=sys.stderr)
+            continue
         cmd = [a.bin, "bench", "engine", "--backend", a.backend, "--compression", a.compression,
                "--repeat", a.repeat, "--json", f] + (["--size", a.size] if a.size else [])
         print("+", " ".join(cmd), file=sys.stderr, flush=True)

@@ -29,9 +29,11 @@ pub fn engine(
             for n in &notes {
                 eprintln!("note: {n}");
             }
-            std::iter::once("cpu".to_string()).chain(devices.iter().map(|d| d.name().to_string())).collect()
+            let auto = (!devices.is_empty()).then(|| "auto".to_string());
+            std::iter::once("cpu".to_string()).chain(devices.iter().map(|d| d.name().to_string())).chain(auto).collect()
         }
         "cpu" => vec!["cpu".into()],
+        "auto" if !devices.is_empty() => vec!["auto".into()],
         name if devices.iter().any(|d| d.name() == name) => vec![name.into()],
         name => return Err(format!("no {name} backend on this machine ({})", notes.join("; "))),
     };
@@ -52,7 +54,11 @@ pub fn engine(
         println!("{}", BenchRow::header());
     }
     let rows = bench::run(&options, &data, &devices, |row| {
-        if !json {
+        // With --json the rows also go to stderr as they come, so a run cut short still says
+        // what it measured.
+        if json {
+            eprintln!("{}", row.line());
+        } else {
             println!("{}", row.line());
         }
     })?;

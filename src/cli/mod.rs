@@ -195,7 +195,8 @@ enum BenchWhat {
     /// algorithm on FILE, in-process (no FUSE), through the engine's policies. One line per
     /// (backend, algorithm); OFFLOADED is the share of records the backend itself compressed.
     Engine {
-        /// cpu, gpu or all (every backend this machine has).
+        /// cpu, gpu, auto (offload=auto: the GPU, and the CPU for what arrives while it is full)
+        /// or all (cpu, every device this machine has, and auto).
         #[arg(long, default_value = "all")]
         backend: String,
         #[arg(long, value_delimiter = ',', default_value = "lz4,gzip-1,gzip-6,gzip-9,zstd-3")]

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 pub struct BenchOptions {
-    /// Backend names: "cpu" or a device name.
+    /// Backend names: "cpu", a device name, or "auto" (offload=auto with the first device).
     pub backends: Vec<String>,
     pub compressions: Vec<Compression>,
     pub record_size: usize,
@@ -99,32 +99,33 @@ fn measure<T>(f: impl FnOnce() -> T) -> (T, Measured) {
     (out, Measured { seconds, cpu_seconds: process_cpu_seconds() - c0 })
 }
 
-/// Compresses every record through the engine and waits for all of them (results in order).
-fn compress_all(engine: &Engine, records: &[Arc<Vec<u8>>], compression: Compression, offload: Offload) -> Vec<Encoded> {
+/// Compresses every record through the engine and waits for all of them (results in order),
+/// keeping at most `window` records in flight: a device's capacity, so that what is measured is
+/// the device and not the engine's fallback to the CPU when the device is full.
+fn compress_all(engine: &Engine, records: &[Arc<Vec<u8>>], compression: Compression, offload: Offload, window: usize) -> Vec<Encoded> {
     let (tx, rx) = crossbeam_channel::unbounded();
-    let jobs = records
-        .iter()
-        .enumerate()
-        .map(|(i, data)| {
-            let tx = tx.clone();
-            Job {
-                work: Work::Compress(CompressRequest {
-                    data: data.clone(),
-                    compression: compression.into(),
-                    min_savings: MinSavings::ZFS,
-                    checksum: ChecksumKind::Crc32c,
-                    offload,
-                }),
-                done: Box::new(move |r| {
-                    let _ = tx.send((i, r));
-                }),
-            }
-        })
-        .collect();
-    engine.submit(jobs);
+    let mut jobs = records.iter().enumerate().map(|(i, data)| {
+        let tx = tx.clone();
+        Job {
+            work: Work::Compress(CompressRequest {
+                data: data.clone(),
+                compression: compression.into(),
+                min_savings: MinSavings::ZFS,
+                checksum: ChecksumKind::Crc32c,
+                offload,
+            }),
+            done: Box::new(move |r| {
+                let _ = tx.send((i, r));
+            }),
+        }
+    });
+    engine.submit(jobs.by_ref().take(window.max(1)).collect());
     let mut out: Vec<Option<Encoded>> = vec![None; records.len()];
     for _ in 0..records.len() {
         let (i, r) = rx.recv().expect("BUG: the engine dropped a job");
+        if let Some(next) = jobs.next() {
+            engine.submit(vec![next]);
+        }
         match r {
             Ok(Output::Compressed(e)) => out[i] = Some(e),
             other => panic!("BUG: compress job answered {:?}", other.err()),
@@ -180,6 +181,9 @@ pub fn run(
     for backend in &options.backends {
         let (offload, device) = if backend == "cpu" {
             (Offload::Cpu, None)
+        } else if backend == "auto" {
+            // offload=auto: the first device, and the CPU for what it does better or has no room for.
+            (Offload::Auto, Some(devices.first().ok_or("no device for auto on this machine")?.clone()))
         } else {
             let device = devices.iter().find(|d| d.name() == backend).ok_or_else(|| format!("no {backend} backend on this machine"))?;
             (Offload::Only(device.name()), Some(device.clone()))
@@ -187,14 +191,21 @@ pub fn run(
         let mut config = EngineConfig::new(options.cpu_threads);
         config.precheck = options.precheck;
         let engine = Engine::with_devices(config, device.iter().cloned().collect());
+        // A device alone is kept full and no fuller; auto gets twice that, so the CPU takes
+        // what arrives while the device is full, as in the file system.
+        let window = match (&device, offload) {
+            (None, _) => usize::MAX,
+            (Some(d), Offload::Auto) => 2 * d.capacity(),
+            (Some(d), _) => d.capacity(),
+        };
         // Warm-up, untimed: the first pass pays for the allocator's fresh pages and cold caches.
-        let warmed = compress_all(&engine, &records, Compression::LZ4, Offload::Cpu);
+        let warmed = compress_all(&engine, &records, Compression::LZ4, Offload::Cpu, usize::MAX);
         engine.decompress_all(warmed.iter().map(request).collect());
         for &compression in &options.compressions {
             let mut best: Option<BenchRow> = None;
             for _ in 0..options.repeat.max(1) {
                 let before = engine.snapshot();
-                let (encoded, compress) = measure(|| compress_all(&engine, &records, compression, offload));
+                let (encoded, compress) = measure(|| compress_all(&engine, &records, compression, offload, window));
                 let after = engine.snapshot();
                 let (decoded, decompress) = match &device {
                     None => {
@@ -211,7 +222,9 @@ pub fn run(
                         return Err(format!("{backend} {compression}: record {i} did not round-trip"));
                     }
                 }
-                let on_backend = records_on(&after, backend) - records_on(&before, backend);
+                // For auto, the share the device took.
+                let counted = device.as_ref().map_or("cpu", |d| d.name());
+                let on_backend = records_on(&after, counted) - records_on(&before, counted);
                 let mut fallbacks = serde_json::Map::new();
                 for (k, v) in after["fallbacks"].as_object().into_iter().flatten() {
                     let n = v.as_u64().unwrap_or(0) - before["fallbacks"][k].as_u64().unwrap_or(0);

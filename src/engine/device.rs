@@ -50,6 +50,9 @@ pub trait Device: Send + Sync {
     /// Queues the jobs it has room for and hands back the rest at once (it is saturated): the
     /// engine runs those on the CPU rather than wait.
     fn submit(&self, jobs: Vec<DeviceJob>) -> Vec<DeviceJob>;
+    /// How many jobs it takes before it hands any back. `densefs bench engine` keeps that many
+    /// in flight, so it measures the device rather than the saturation fallback.
+    fn capacity(&self) -> usize;
     /// Brings the device back after a failure: forget queued work, re-create what it needs.
     fn reset(&self) -> Result<(), DeviceError>;
 }

@@ -236,6 +236,10 @@ impl Device for FaultyDevice {
         refused
     }
 
+    fn capacity(&self) -> usize {
+        self.shared.spec.capacity
+    }
+
     fn reset(&self) -> Result<(), DeviceError> {
         if self.shared.chance(self.shared.spec.reset_fail) {
             return Err(DeviceError("injected re-initialisation failure".into()));

@@ -393,17 +393,21 @@ impl Drop for Engine {
 impl Inner {
     fn submit(self: &Arc<Self>, jobs: Vec<Job>) {
         let mut batches: Vec<Vec<offload::Offered>> = self.devices.iter().map(|_| Vec::new()).collect();
+        let mut planned = vec![0usize; self.devices.len()];
         for job in jobs {
             match job.work {
                 Work::Decompress(req) => self.cpu_decompress(req, job.done),
-                Work::Compress(req) => match self.route(&req) {
+                Work::Compress(req) => match self.route(&req, &planned) {
                     offload::Route::Cpu(why) => {
                         if let Some(why) = why {
                             self.stats.fallback(why);
                         }
                         self.cpu_compress(req, job.done);
                     }
-                    offload::Route::Device(d, compression) => batches[d].push(offload::Offered { req, compression, done: job.done }),
+                    offload::Route::Device(d, compression) => {
+                        planned[d] += req.data.len();
+                        batches[d].push(offload::Offered { req, compression, done: job.done })
+                    }
                 },
             }
         }

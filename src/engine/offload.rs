@@ -15,7 +15,7 @@ use super::device::{Device, DeviceError, DeviceJob, DeviceOp};
 use super::policy::{self, AutoTarget};
 use super::stats::{Fallback, Outcome};
 use super::{CompressRequest, Done, Encoded, Inner, Offload, Output};
-use crate::codec::{Compression, Setting};
+use crate::codec::{Codec, Compression, Setting};
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -43,6 +43,8 @@ struct Pending {
 #[derive(Default)]
 struct InFlight {
     jobs: HashMap<u64, Pending>,
+    /// Their input bytes (offload=auto weighs them against the CPU's queue).
+    bytes: usize,
     /// When `jobs` last became non-empty (utilisation accounting).
     busy_since: Option<Instant>,
 }
@@ -96,12 +98,14 @@ impl Offloader {
         if f.jobs.is_empty() {
             f.busy_since = Some(Instant::now());
         }
+        f.bytes += pending.offered.req.data.len();
         f.jobs.insert(id, pending);
     }
 
     fn take(&self, inner: &Inner, id: u64) -> Option<Pending> {
         let mut f = self.in_flight.lock();
         let p = f.jobs.remove(&id)?;
+        f.bytes -= p.offered.req.data.len();
         if f.jobs.is_empty() {
             if let Some(since) = f.busy_since.take() {
                 self.busy_ns(inner).fetch_add(since.elapsed().as_nanos() as u64, Relaxed);
@@ -115,7 +119,15 @@ impl Offloader {
         if let Some(since) = f.busy_since.take() {
             self.busy_ns(inner).fetch_add(since.elapsed().as_nanos() as u64, Relaxed);
         }
+        f.bytes = 0;
         f.jobs.drain().map(|(_, p)| p).collect()
+    }
+
+    /// Bytes in flight, and the seconds it has been busy so far (the current stretch included).
+    fn load(&self, inner: &Inner) -> (usize, f64) {
+        let f = self.in_flight.lock();
+        let current = f.busy_since.map_or(0.0, |since| since.elapsed().as_secs_f64());
+        (f.bytes, self.busy_ns(inner).load(Relaxed) as f64 / 1e9 + current)
     }
 
     fn oldest(&self) -> Option<(u64, Instant)> {
@@ -124,8 +136,9 @@ impl Offloader {
 }
 
 impl Inner {
-    /// Decides where one record goes (on the submitting thread: cheap checks only).
-    pub(super) fn route(&self, req: &CompressRequest) -> Route {
+    /// Decides where one record goes (on the submitting thread: cheap checks only). `planned`:
+    /// bytes this submission already routed to each device.
+    pub(super) fn route(&self, req: &CompressRequest, planned: &[usize]) -> Route {
         let candidates: Vec<usize> = match req.offload {
             Offload::Cpu => return Route::Cpu(None),
             Offload::Auto if self.devices.is_empty() => return Route::Cpu(None),
@@ -165,12 +178,40 @@ impl Inner {
             if self.config.precheck && !policy::entropy_promises_savings(entropy, req.min_savings) && !compression.codec.is_fast() {
                 return Route::Cpu(Some(Fallback::Precheck));
             }
+            if req.offload == Offload::Auto && self.cpu_is_sooner(d, compression.codec, data.len(), planned[d]) {
+                return Route::Cpu(None); // both have capacity: the CPU takes its share
+            }
             if auto {
                 self.stats.auto_chose(compression.codec);
             }
             return Route::Device(d, compression);
         }
         Route::Cpu(Some(why))
+    }
+
+    /// offload=auto: whether a record would be done sooner on the CPU than on device `d`, by the
+    /// work each has waiting and the speed each has shown (the device: bytes a second while
+    /// busy; the CPU: each worker's speed with this codec). A device that has not shown its
+    /// speed yet gets the record; while the CPU has not shown its speed with the codec, it takes
+    /// a record when nothing waits in its queue.
+    fn cpu_is_sooner(&self, d: usize, codec: Codec, len: usize, planned: usize) -> bool {
+        let offloader = &self.devices[d];
+        let (in_flight, busy_s) = offloader.load(self);
+        let queued = in_flight + planned;
+        let device_bytes = self.stats.backends[offloader.stats_index].compressed_bytes();
+        if queued == 0 || device_bytes == 0 || busy_s <= 0.0 {
+            return false;
+        }
+        let device_s = (queued + len) as f64 / (device_bytes as f64 / busy_s);
+        let cpu = self.stats.backends[0].compress(codec);
+        let (cpu_bytes, cpu_s) = (cpu.bytes_in.load(Relaxed), cpu.busy_ns.load(Relaxed) as f64 / 1e9);
+        let waiting = self.cpu.waiting();
+        if cpu_bytes == 0 || cpu_s <= 0.0 {
+            return waiting == 0;
+        }
+        let per_worker = cpu_bytes as f64 / cpu_s;
+        let cpu_done_s = (waiting as f64 / self.cpu.threads() as f64 + 1.0) * len as f64 / per_worker;
+        cpu_done_s < device_s
     }
 
     /// Hands a batch to device `d`; what it has no room for runs on the CPU.

@@ -65,6 +65,11 @@ impl BackendStats {
         &self.compress[codec as usize]
     }
 
+    /// Input bytes of every record it compressed, whatever the codec.
+    pub fn compressed_bytes(&self) -> u64 {
+        self.compress.iter().map(|c| c.bytes_in.load(Relaxed)).sum()
+    }
+
     pub fn decompress(&self, codec: Codec) -> &OpCounters {
         &self.decompress[codec as usize]
     }

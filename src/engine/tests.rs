@@ -62,6 +62,18 @@ fn request(data: Arc<Vec<u8>>, compression: &str, offload: Offload) -> CompressR
 
 /// Compresses every record, checks each answer arrives once and decodes back, and returns them.
 fn compress_and_check(engine: &Engine, records: &[Arc<Vec<u8>>], compression: &str, offload: Offload) -> Vec<Encoded> {
+    compress_spaced_and_check(engine, records, compression, offload, Duration::ZERO)
+}
+
+/// As `compress_and_check`, submitting one record every `spacing` (a writer filling records, as
+/// the file system submits them) instead of all at once when `spacing` is zero.
+fn compress_spaced_and_check(
+    engine: &Engine,
+    records: &[Arc<Vec<u8>>],
+    compression: &str,
+    offload: Offload,
+    spacing: Duration,
+) -> Vec<Encoded> {
     let answers: Arc<Mutex<Vec<Vec<Encoded>>>> = Arc::new(Mutex::new(vec![Vec::new(); records.len()]));
     let count = Arc::new(AtomicUsize::new(0));
     let jobs = records
@@ -78,8 +90,15 @@ fn compress_and_check(engine: &Engine, records: &[Arc<Vec<u8>>], compression: &s
                 }),
             }
         })
-        .collect();
-    engine.submit(jobs);
+        .collect::<Vec<Job>>();
+    if spacing.is_zero() {
+        engine.submit(jobs);
+    } else {
+        for job in jobs {
+            engine.submit(vec![job]);
+            std::thread::sleep(spacing);
+        }
+    }
     let deadline = Instant::now() + Duration::from_secs(60);
     while count.load(Ordering::SeqCst) < records.len() {
         assert!(Instant::now() < deadline, "only {} of {} records answered", count.load(Ordering::SeqCst), records.len());
@@ -150,6 +169,24 @@ fn a_saturated_device_hands_records_to_the_cpu_instead_of_waiting() {
     // Each record ran once: on the device, or on the CPU after being handed back.
     assert_eq!(records_on(&engine, 1) + records_on(&engine, 0), 100);
     assert_eq!(records_on(&engine, 0), saturated);
+}
+
+#[test]
+fn offload_auto_shares_records_with_the_cpu_when_the_device_falls_behind() {
+    // One record at a time, 30 ms each: far slower than a CPU worker's gzip-1, never full.
+    let engine = engine_with("capacity=1000,workers=1,latency_us=30000", |_| {});
+    let records = fastq_like(48, 64 << 10, 4);
+    // The device shows its speed first (the CPU has not compressed yet).
+    compress_and_check(&engine, &records[..2], "gzip-1", Offload::Auto);
+    assert_eq!(records_on(&engine, 1), 2);
+    compress_spaced_and_check(&engine, &records, "gzip-1", Offload::Auto, Duration::from_millis(1));
+    let (cpu, device) = (records_on(&engine, 0), records_on(&engine, 1) - 2);
+    assert_eq!(cpu + device, 48);
+    assert_eq!(fallbacks_total(&engine), 0, "the CPU's share is no fallback");
+    assert!(device >= 1 && cpu >= 24, "device {device}, CPU {cpu}: the CPU should take most");
+    // offload=faulty (the device alone) still sends it everything.
+    compress_and_check(&engine, &records[..8], "gzip-1", Offload::Only("faulty"));
+    assert_eq!(records_on(&engine, 0), cpu);
 }
 
 #[test]

@@ -71,6 +71,10 @@ impl Gpu {
             let name = CStr::from_ptr(raw.as_ptr()).to_string_lossy().into_owned();
             let mut driver_version = 0;
             check(sys::cuDriverGetVersion(&mut driver_version), "cuDriverGetVersion")?;
+            // A waiting lane sleeps instead of spinning (the default with few contexts): on an
+            // H200 eight spinning lanes cost more CPU than gzip-6 on the CPU itself. The call
+            // fails where another library made the context active first; then it spins.
+            let _ = sys::cuDevicePrimaryCtxSetFlags_v2(device, sys::CUctx_flags::CU_CTX_SCHED_BLOCKING_SYNC as u32);
             let mut ctx = std::ptr::null_mut();
             check(sys::cuDevicePrimaryCtxRetain(&mut ctx, device), "cuDevicePrimaryCtxRetain")?;
             Ok(Arc::new(Gpu { device, ctx, name, driver_version }))

@@ -32,17 +32,24 @@ pub const MAX_CHUNK: usize = 1 << 20;
 /// Every buffer offset is aligned to this (above every nvCOMP alignment requirement).
 const ALIGN: usize = 256;
 
-/// nvCOMP's Deflate `algorithm` for ZFS's gzip-N: the lowest algorithm whose ratio is at least
-/// zlib's at that level (NVIDIA: 1 fast with a low ratio, 2 beats zlib-1, 4 beats zlib-6, 5 the
-/// highest). Measured ratios are in bench/results/engine-*.md.
+/// nvCOMP's Deflate `algorithm` for ZFS's gzip-N: the fastest one that stores records at least as
+/// densely as densefs's CPU encoder at level N (within 1%), so a record's size does not depend on
+/// where it was compressed. Measured on 32 MiB of the benchmark's FASTQ reads (records of 128 KiB,
+/// an H200, bench/results/gpu-h200-2026-11-26): algorithm 1 2.50, 2 3.19 (3 is 2), 4 3.68, 5
+/// 3.75; the CPU's gzip-1 3.19, gzip-2 3.20, gzip-6 3.61, gzip-9 3.70. So 5 (2% denser than 4,
+/// and slower) is never needed. The GPU test gzip_levels_map_to_the_fastest_algorithm_as_dense_as_the_cpu
+/// checks this rule on every level.
 pub fn deflate_algorithm(level: i32) -> i32 {
-    match level {
-        ..=1 => 2,
-        2..=5 => 3,
-        6..=8 => 4,
-        _ => 5,
+    if level <= 1 {
+        2
+    } else {
+        4
     }
 }
+
+/// nvCOMP's Deflate algorithms (0 is entropy coding only, never a gzip-N's); lanes are sized for
+/// every one of them.
+const DEFLATE_ALGORITHMS: [i32; 5] = [1, 2, 3, 4, 5];
 
 #[derive(Clone, Debug)]
 pub struct GpuConfig {
@@ -55,7 +62,37 @@ pub struct GpuConfig {
 
 impl Default for GpuConfig {
     fn default() -> GpuConfig {
-        GpuConfig { ordinal: 0, lanes: 4, batch_bytes: 8 << 20, max_batch: 128, linger: Duration::from_micros(200) }
+        // nvCOMP compresses each record on its own, slowly (Deflate algorithm 4: about 1 MB/s a
+        // record on an H200), so the GPU is busy only with hundreds of records at once: 4 lanes
+        // of 64 MiB batches (bench/results/gpu-h200-2026-11-26: gzip-6 0.24 GB/s with 8 MiB
+        // batches, 0.64 with 64, 0.69 with 128).
+        GpuConfig { ordinal: 0, lanes: 4, batch_bytes: 64 << 20, max_batch: 512, linger: Duration::from_micros(200) }
+    }
+}
+
+impl GpuConfig {
+    /// The defaults, with what the environment sets: `DENSEFS_GPU=N` picks another GPU than the
+    /// first; `DENSEFS_GPU_LANES`, `DENSEFS_GPU_BATCH_MIB`, `DENSEFS_GPU_MAX_BATCH` and
+    /// `DENSEFS_GPU_LINGER_US` size the lanes (for measuring; bench/gpu/run sweeps them).
+    pub fn from_env() -> GpuConfig {
+        let number = |name: &str| std::env::var(name).ok().and_then(|v| v.parse::<usize>().ok()).filter(|&n| n > 0);
+        let mut config = GpuConfig::default();
+        if let Some(n) = std::env::var("DENSEFS_GPU").ok().and_then(|v| v.parse().ok()) {
+            config.ordinal = n;
+        }
+        if let Some(n) = number("DENSEFS_GPU_LANES") {
+            config.lanes = n;
+        }
+        if let Some(n) = number("DENSEFS_GPU_BATCH_MIB") {
+            config.batch_bytes = n << 20;
+        }
+        if let Some(n) = number("DENSEFS_GPU_MAX_BATCH") {
+            config.max_batch = n;
+        }
+        if let Some(n) = number("DENSEFS_GPU_LINGER_US") {
+            config.linger = Duration::from_micros(n as u64);
+        }
+        config
     }
 }
 
@@ -126,10 +163,7 @@ pub struct GpuDevice {
 /// The device table's probe (engine/mod.rs `DEVICES`): the GPU if it opens and passes its
 /// self-test; `DENSEFS_GPU=N` picks another GPU than the first.
 pub fn probe(_: &mut super::EngineConfig) -> Result<super::Probe, String> {
-    let mut config = GpuConfig::default();
-    if let Some(n) = std::env::var("DENSEFS_GPU").ok().and_then(|v| v.parse().ok()) {
-        config.ordinal = n;
-    }
+    let config = GpuConfig::from_env();
     Ok(match GpuDevice::open(config) {
         Ok(gpu) => {
             let note = format!("gpu: {}", gpu.describe());
@@ -215,8 +249,15 @@ impl Device for GpuDevice {
     }
 
     fn worth_it(&self, compression: Compression) -> bool {
-        // lz4 runs on the CPU near memory speed; shipping it costs more CPU time than it saves.
-        matches!(compression.codec, Codec::Deflate | Codec::Zstd)
+        // Measured on an H200 beside 16 cores (bench/results/gpu-h200-2026-11-26): lz4 and gzip-1
+        // run on the CPU near memory speed (4.7-4.9 GB/s, 3.3-3.4 CPU s/GB), faster than on the
+        // GPU (2.6 GB/s) for a CPU saving of 15% at best; gzip-6 (20 CPU s/GB) and zstd-3 (5.5)
+        // cost the CPU 2.5-9 times what the GPU's share of the work does.
+        match compression.codec {
+            Codec::Deflate => compression.level >= 2,
+            Codec::Zstd => true,
+            _ => false,
+        }
     }
 
     fn submit(&self, jobs: Vec<DeviceJob>) -> Vec<DeviceJob> {
@@ -230,6 +271,11 @@ impl Device for GpuDevice {
             }
         }
         refused
+    }
+
+    fn capacity(&self) -> usize {
+        // The queue's bound: it takes that many whatever the lanes are doing.
+        self.shared.config.lanes * self.shared.config.max_batch
     }
 
     fn reset(&self) -> Result<(), DeviceError> {
@@ -275,15 +321,17 @@ impl LaneState {
         let nv = &shared.nv;
         let mut temp = 0usize;
         let mut worst_out = 0usize;
+        let deflate = DEFLATE_ALGORITHMS.map(|algorithm| Key { compress: true, codec: Codec::Deflate, algorithm });
         for key in [
             Key { compress: true, codec: Codec::Lz4, algorithm: 0 },
-            Key { compress: true, codec: Codec::Deflate, algorithm: 5 },
-            Key { compress: true, codec: Codec::Deflate, algorithm: 4 },
             Key { compress: true, codec: Codec::Zstd, algorithm: 0 },
             Key { compress: false, codec: Codec::Lz4, algorithm: 0 },
             Key { compress: false, codec: Codec::Deflate, algorithm: 0 },
             Key { compress: false, codec: Codec::Zstd, algorithm: 0 },
-        ] {
+        ]
+        .into_iter()
+        .chain(deflate)
+        {
             let f = key.format(nv);
             let chunk = if key.codec == Codec::Zstd { ZSTD_MAX_CHUNK } else { MAX_CHUNK };
             // Temp space grows with chunks × largest chunk (Deflate: ~33× at 128 × 1 MiB, 4.5 GB),

@@ -8,7 +8,7 @@ use crate::engine::tests::{fastq_like, random};
 use crate::engine::{CompressRequest, Engine, EngineConfig, Job, MinSavings, Offload, Output, Work};
 
 fn gpu() -> Option<GpuDevice> {
-    match GpuDevice::open(GpuConfig::default()) {
+    match GpuDevice::open(GpuConfig::from_env()) {
         Ok(g) => {
             eprintln!("GPU: {}", g.describe());
             Some(g)
@@ -138,4 +138,57 @@ fn the_engine_offloads_to_the_gpu_with_every_policy() {
     let on_gpu = engine.stats().backends[1].compress(Codec::Deflate).records.load(Relaxed);
     eprintln!("{}", engine.snapshot());
     assert!(on_gpu > 0, "nothing ran on the GPU");
+}
+
+/// Compresses `records` (all of one size) with Deflate `algorithm` on one lane, a full batch at a
+/// time; returns the streams and the seconds the batches took.
+fn deflate_with(gpu: &GpuDevice, algorithm: i32, records: &[&[u8]]) -> (Vec<Vec<u8>>, f64) {
+    let shared = &gpu.shared;
+    let mut lane = LaneState::new(shared).expect("a GPU lane");
+    let key = Key { compress: true, codec: Codec::Deflate, algorithm };
+    let per_batch = shared.config.max_batch.min(shared.config.batch_bytes / records[0].len()).max(1);
+    let started = Instant::now();
+    let mut out = Vec::new();
+    for batch in records.chunks(per_batch) {
+        let lens: Vec<usize> = batch.iter().map(|r| r.len()).collect();
+        let results = run_batch(shared, &mut lane, key, batch, &lens).unwrap_or_else(|e| panic!("algorithm {algorithm}: {e}"));
+        out.extend(results.into_iter().map(|r| r.unwrap_or_else(|e| panic!("algorithm {algorithm}: {e}"))));
+    }
+    (out, started.elapsed().as_secs_f64())
+}
+
+/// gzip-N on the GPU is the fastest nvCOMP Deflate algorithm that stores the corpus at least as
+/// densely as densefs's CPU encoder at level N, within 1% (the highest where none does): the
+/// chosen one is no more than 1% less dense than the CPU, and no faster one is clearly (1%)
+/// denser. Prints every algorithm's ratio and one lane's speed beside the CPU's levels.
+#[test]
+fn gzip_levels_map_to_the_fastest_algorithm_as_dense_as_the_cpu() {
+    let Some(gpu) = gpu() else { return };
+    let data = corpus(32 << 20);
+    let records: Vec<&[u8]> = data.chunks(128 << 10).collect();
+    let mut gpu_ratio = std::collections::BTreeMap::new();
+    for algorithm in DEFLATE_ALGORITHMS {
+        let (streams, seconds) = deflate_with(&gpu, algorithm, &records);
+        for (stream, record) in streams.iter().zip(&records) {
+            let mut back = vec![0u8; record.len()];
+            Codec::Deflate.decompress(stream, &mut back).unwrap_or_else(|e| panic!("algorithm {algorithm}: CPU cannot read it: {e}"));
+            assert!(back == *record, "algorithm {algorithm}: decodes to other bytes");
+        }
+        let ratio = data.len() as f64 / streams.iter().map(Vec::len).sum::<usize>() as f64;
+        eprintln!("GPU deflate algorithm {algorithm}: ratio {ratio:.3}, one lane {:.2} GB/s", data.len() as f64 / seconds / 1e9);
+        gpu_ratio.insert(algorithm, ratio);
+    }
+    for level in 1..=9 {
+        let c = Compression::parse(&format!("gzip-{level}")).unwrap();
+        let mut out = vec![0u8; (256 << 10) + 1024];
+        let stored: usize = records.iter().map(|r| c.codec.compress(r, &mut out, c.level).unwrap_or(r.len())).sum();
+        let cpu = data.len() as f64 / stored as f64;
+        let chosen = deflate_algorithm(level);
+        eprintln!("CPU gzip-{level}: ratio {cpu:.3}; mapped to algorithm {chosen} ({:.3})", gpu_ratio[&chosen]);
+        let highest = *DEFLATE_ALGORITHMS.last().unwrap();
+        assert!(gpu_ratio[&chosen] >= 0.99 * cpu || chosen == highest, "gzip-{level}: CPU ratio {cpu:.3}, GPU {gpu_ratio:?}");
+        for faster in DEFLATE_ALGORITHMS.into_iter().filter(|&a| a < chosen) {
+            assert!(gpu_ratio[&faster] < 1.01 * cpu, "gzip-{level}: algorithm {faster} would do (CPU ratio {cpu:.3}, GPU {gpu_ratio:?})");
+        }
+    }
 }
