@@ -195,7 +195,7 @@ enum BenchWhat {
     /// algorithm on FILE, in-process (no FUSE), through the engine's policies. One line per
     /// (backend, algorithm); OFFLOADED is the share of records the backend itself compressed.
     Engine {
-        /// cpu, gpu, auto (offload=auto: the GPU, and the CPU for what arrives while it is full)
+        /// cpu, gpu, auto (offload=auto: the GPU, and the CPU cores for their share)
         /// or all (cpu, every device this machine has, and auto).
         #[arg(long, default_value = "all")]
         backend: String,
