@@ -95,6 +95,14 @@ impl Drop for Gpu {
     }
 }
 
+/// Free and total memory of the GPU whose context the calling thread has bound.
+pub fn memory_info() -> CudaResult<(usize, usize)> {
+    let (mut free, mut total) = (0usize, 0usize);
+    // SAFETY: cuMemGetInfo writes two sizes into live locals.
+    check(unsafe { sys::cuMemGetInfo_v2(&mut free, &mut total) }, "cuMemGetInfo")?;
+    Ok((free, total))
+}
+
 pub struct Stream {
     pub raw: CUstream,
 }

@@ -151,6 +151,7 @@ struct Shared {
     gpu: Arc<Gpu>,
     nv: Arc<Nvcomp>,
     config: GpuConfig,
+    sizes: LaneSizes,
     generation: AtomicU64,
 }
 
@@ -182,7 +183,15 @@ impl GpuDevice {
         }
         let nv = Arc::new(Nvcomp::load()?);
         let gpu = Gpu::open(config.ordinal).map_err(|e| e.to_string())?;
-        let shared = Arc::new(Shared { gpu, nv, config: config.clone(), generation: AtomicU64::new(0) });
+        // Some size queries (zstd's) need the context current, as the free memory does.
+        gpu.bind_thread().map_err(|e| e.to_string())?;
+        let sizes = LaneSizes::of(&nv, &config).map_err(|e| e.to_string())?;
+        // A GPU shared with other programs: only as many lanes as fit in half its free memory.
+        let mut config = config;
+        if let Ok((free, _)) = cuda::memory_info() {
+            config.lanes = lanes_that_fit(config.lanes, free / 2, sizes.device_bytes());
+        }
+        let shared = Arc::new(Shared { gpu, nv, config: config.clone(), sizes, generation: AtomicU64::new(0) });
         let (tx, rx) = bounded::<Queued>(config.lanes * config.max_batch);
         let lanes = (0..config.lanes)
             .map(|i| {
@@ -201,7 +210,16 @@ impl GpuDevice {
     /// "NVIDIA H100 80GB HBM3 (driver 13000, nvCOMP 6000 from PATH)"
     pub fn describe(&self) -> String {
         let s = &self.shared;
-        format!("{} (CUDA driver {}, nvCOMP {} from {})", s.gpu.name, s.gpu.driver_version, s.nv.version, s.nv.path.display())
+        format!(
+            "{} (CUDA driver {}, nvCOMP {} from {}; {} lanes of {} MiB, {} MiB of GPU memory each)",
+            s.gpu.name,
+            s.gpu.driver_version,
+            s.nv.version,
+            s.nv.path.display(),
+            s.config.lanes,
+            s.config.batch_bytes >> 20,
+            s.sizes.device_bytes() >> 20
+        )
     }
 
     /// Runs jobs and waits for their answers (the self-test and tests).
@@ -317,8 +335,32 @@ const META_ARRAYS: usize = 6;
 impl LaneState {
     fn new(shared: &Shared) -> CudaResult<LaneState> {
         shared.gpu.bind_thread()?;
-        let c = &shared.config;
-        let nv = &shared.nv;
+        let LaneSizes { input, output, temp, meta } = shared.sizes;
+        Ok(LaneState {
+            stream: Stream::new()?,
+            host_in: PinnedBuffer::new(input)?,
+            host_out: PinnedBuffer::new(output)?,
+            dev_in: DeviceBuffer::new(input)?,
+            dev_out: DeviceBuffer::new(output)?,
+            temp: DeviceBuffer::new(temp)?,
+            host_meta: PinnedBuffer::new(meta)?,
+            dev_meta: DeviceBuffer::new(meta)?,
+        })
+    }
+}
+
+/// What one lane allocates (each buffer both page-locked on the host and on the GPU, but the
+/// temp space on the GPU only), from nvCOMP's size queries (zstd's needs the GPU's context).
+#[derive(Clone, Copy, Debug)]
+struct LaneSizes {
+    input: usize,
+    output: usize,
+    temp: usize,
+    meta: usize,
+}
+
+impl LaneSizes {
+    fn of(nv: &Nvcomp, c: &GpuConfig) -> CudaResult<LaneSizes> {
         let mut temp = 0usize;
         let mut worst_out = 0usize;
         let deflate = DEFLATE_ALGORITHMS.map(|algorithm| Key { compress: true, codec: Codec::Deflate, algorithm });
@@ -362,22 +404,26 @@ impl LaneState {
                 }
             }
         }
-        let in_len = c.batch_bytes + c.max_batch * ALIGN;
-        // A batch's slots (count × largest record) add up to at most batch_bytes (see `lane`);
-        // each output slot is at most `worst_out` times its input.
-        let out_len = worst_out * c.batch_bytes + 2 * c.max_batch * ALIGN;
-        let meta_len = META_ARRAYS * c.max_batch * 8;
-        Ok(LaneState {
-            stream: Stream::new()?,
-            host_in: PinnedBuffer::new(in_len)?,
-            host_out: PinnedBuffer::new(out_len)?,
-            dev_in: DeviceBuffer::new(in_len)?,
-            dev_out: DeviceBuffer::new(out_len)?,
-            temp: DeviceBuffer::new(temp)?,
-            host_meta: PinnedBuffer::new(meta_len)?,
-            dev_meta: DeviceBuffer::new(meta_len)?,
+        Ok(LaneSizes {
+            input: c.batch_bytes + c.max_batch * ALIGN,
+            // A batch's slots (count × largest record) add up to at most batch_bytes (see
+            // `lane`); each output slot is at most `worst_out` times its input.
+            output: worst_out * c.batch_bytes + 2 * c.max_batch * ALIGN,
+            temp,
+            meta: META_ARRAYS * c.max_batch * 8,
         })
     }
+
+    /// GPU memory one lane takes.
+    fn device_bytes(&self) -> usize {
+        self.input + self.output + self.temp + self.meta
+    }
+}
+
+/// Lanes to start: `wanted`, or as many as fit in `budget` bytes of GPU memory, at least one
+/// (whose allocation then says what is missing).
+fn lanes_that_fit(wanted: usize, budget: usize, per_lane: usize) -> usize {
+    (budget / per_lane.max(1)).clamp(1, wanted.max(1))
 }
 
 fn nv_check(status: nvcomp::Status, what: &str) -> CudaResult<()> {

@@ -192,3 +192,28 @@ fn gzip_levels_map_to_the_fastest_algorithm_as_dense_as_the_cpu() {
         }
     }
 }
+
+/// What a lane of the default configuration allocates, from nvCOMP's size queries on the GPU
+/// (zstd's needs one): the README's figures, about 256 MiB page-locked on the host and at least
+/// 2.4 GiB on the GPU (Deflate's scratch alone is 33 times a 64 MiB batch).
+#[test]
+fn a_default_lane_takes_what_the_readme_says() {
+    let Some(gpu) = gpu() else { return };
+    const MIB: usize = 1 << 20;
+    let sizes = LaneSizes::of(&gpu.shared.nv, &GpuConfig::default()).unwrap();
+    eprintln!("one lane: {sizes:?}, {} MiB of GPU memory", sizes.device_bytes() / MIB);
+    let host = sizes.input + sizes.output + sizes.meta;
+    assert!((240 * MIB..272 * MIB).contains(&host), "{sizes:?}");
+    assert!(sizes.device_bytes() >= 2300 * MIB, "{sizes:?}");
+}
+
+#[test]
+fn lanes_are_cut_to_what_fits_in_the_gpu_memory_given() {
+    const GIB: usize = 1 << 30;
+    let lane = 2400 << 20;
+    assert_eq!(lanes_that_fit(4, 70 * GIB, lane), 4);
+    assert_eq!(lanes_that_fit(4, 5 * GIB, lane), 2);
+    assert_eq!(lanes_that_fit(4, GIB, lane), 1, "one lane is tried, and its allocation says what is missing");
+    assert_eq!(lanes_that_fit(4, 0, lane), 1);
+    assert_eq!(lanes_that_fit(2, 70 * GIB, lane), 2);
+}
