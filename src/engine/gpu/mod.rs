@@ -292,8 +292,8 @@ impl Device for GpuDevice {
     }
 
     fn capacity(&self) -> usize {
-        // The queue's bound: it takes that many whatever the lanes are doing.
-        self.shared.config.lanes * self.shared.config.max_batch
+        // The queue's bound (set in `open`): it takes that many whatever the lanes are doing.
+        self.queue.as_ref().and_then(Sender::capacity).expect("BUG: a bounded queue, until drop")
     }
 
     fn reset(&self) -> Result<(), DeviceError> {
