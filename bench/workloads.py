@@ -29,7 +29,8 @@ ONE_CORE = ("smallfiles",)
 TREE = ["usr/include", "usr/share/doc"]
 TREE_QUICK = ["usr/include/linux"]
 # By default these run on one system per family and algorithm that btrfs has too (lz4 ~ lzo, zstd-3).
-SYSTEMS = ("bare", "bindfs", "densefs-lz4", "densefs-zstd-3", "btrfs-lzo", "btrfs-zstd3")
+# densefs-lz4-devfuse: the same with requests through /dev/fuse instead of io_uring's per-CPU queues.
+SYSTEMS = ("bare", "bindfs", "densefs-lz4", "densefs-lz4-devfuse", "densefs-zstd-3", "btrfs-lzo", "btrfs-zstd3")
 
 
 def bind(harness):

@@ -13,11 +13,17 @@ fn c_path(p: &Path) -> std::io::Result<CString> {
     CString::new(p.as_os_str().as_bytes()).map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))
 }
 
+/// Whether a request failed because the mount's daemon is gone: ENOTCONN, or ECONNABORTED for
+/// a request that met the kernel tearing down the daemon's io_uring queues.
+pub fn daemon_gone(e: &std::io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::ENOTCONN) | Some(libc::ECONNABORTED))
+}
+
 /// A failed request as the user should read it: no answer at all means no densefs there.
 pub fn os_error(path: &Path, what: &str, e: std::io::Error) -> String {
     match e.raw_os_error() {
         Some(libc::ENOTSUP) | Some(libc::ENODATA) => format!("{}: not on a densefs mount", path.display()),
-        Some(libc::ENOTCONN) => {
+        _ if daemon_gone(&e) => {
             let at = mountpoint_of(path).unwrap_or_else(|| path.to_path_buf());
             format!("{}: its densefs daemon is gone (detach the mount with `umount -l {}`)", path.display(), at.display())
         }

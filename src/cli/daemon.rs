@@ -3,7 +3,7 @@
 
 use super::is_root;
 use super::mount::{cpath, detach};
-use super::mount_options::MountConfig;
+use super::mount_options::{IoUringMode, MountConfig};
 use super::owner::{Lease, HEARTBEAT};
 use crate::core::DenseFs;
 use crate::engine::{Engine, Offload};
@@ -18,6 +18,24 @@ use std::sync::Arc;
 
 /// How long written data may sit in memory before it is compressed and written to the lower file.
 const WRITEBACK_INTERVAL: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// The kernel's switch for FUSE over io_uring (Linux 6.14+): off unless set, with
+/// `echo Y > ...` or `fuse.enable_uring=1` on the kernel command line.
+pub const ENABLE_URING: &str = "/sys/module/fuse/parameters/enable_uring";
+
+/// How many ring threads serve each CPU's queue, or 0 for /dev/fuse alone (`offered`: the
+/// kernel's switch is on). Two at least, so that one request that waits on the lower disk (an
+/// fsync, a cold read) does not hold up the others from programs on the same CPU.
+pub fn io_uring_threads(mode: IoUringMode, threads: usize, cpus: usize, offered: bool) -> Result<usize, String> {
+    match mode {
+        IoUringMode::Off => Ok(0),
+        IoUringMode::Auto if !offered => Ok(0),
+        IoUringMode::On if !offered => Err(format!(
+            "io_uring=on: this kernel does not offer FUSE over io_uring (it needs Linux 6.14 or later and Y in {ENABLE_URING})"
+        )),
+        IoUringMode::Auto | IoUringMode::On => Ok((threads / cpus.max(1)).max(2)),
+    }
+}
 
 /// The compression engine the mount asked for, with the accelerators this machine has.
 fn build_engine(config: &MountConfig) -> Result<Engine, String> {
@@ -139,6 +157,12 @@ pub(super) fn serve(
     fuse_config.acl = if config.allow_other { SessionACL::All } else { SessionACL::Owner };
     fuse_config.n_threads = Some(config.threads);
     fuse_config.clone_fd = true;
+    let offered = std::fs::read_to_string(ENABLE_URING).is_ok_and(|s| s.trim() == "Y");
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    fuse_config.io_uring_threads = match io_uring_threads(config.io_uring, config.threads, cpus, offered) {
+        Ok(n) => n,
+        Err(e) => return Err(fail(&mut ready, e)),
+    };
     let adapter = FuseAdapter::new(fs.clone());
     let read_ahead_knob = adapter.read_ahead_knob();
     let session = if is_root() {
@@ -157,6 +181,10 @@ pub(super) fn serve(
         Ok(s) => s,
         Err(e) => return Err(fail(&mut ready, format!("cannot mount {}: {}", mountpoint.display(), explain_mount_error(&e)))),
     };
+    if config.io_uring == IoUringMode::On && !session.uses_io_uring() {
+        // Dropping the session unmounts.
+        return Err(fail(&mut ready, "io_uring=on: the kernel did not agree on FUSE over io_uring at INIT".to_string()));
+    }
     if let Some(mount) = super::mountinfo::densefs_mount_at(mountpoint) {
         *read_ahead_knob.lock() = Some(PathBuf::from(format!("/sys/class/bdi/{}/read_ahead_kb", mount.device)));
     }
@@ -191,8 +219,13 @@ pub(super) fn serve(
             end_after_signal(&ended, &signalled_fs, &lower_dir, signalled_lease);
         })
         .map_err(|e| e.to_string())?;
+    let transport = if session.uses_io_uring() {
+        format!("io_uring, {} threads per CPU", fuse_config.io_uring_threads)
+    } else {
+        "/dev/fuse".to_string()
+    };
     tracing::info!(
-        "mounted {} on {} (compression={}, recordsize={}K)",
+        "mounted {} on {} (compression={}, recordsize={}K, requests through {transport})",
         lower.display(),
         mountpoint.display(),
         config.options.properties.compression,
@@ -375,5 +408,21 @@ fn quiet_stdio() {
             // open across the call.
             unsafe { libc::dup2(null.as_raw_fd(), fd) };
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn io_uring_is_used_where_offered_and_required_only_with_on() {
+        assert_eq!(io_uring_threads(IoUringMode::Auto, 4, 2, true), Ok(2));
+        assert_eq!(io_uring_threads(IoUringMode::Auto, 16, 4, true), Ok(4));
+        assert_eq!(io_uring_threads(IoUringMode::Auto, 4, 16, true), Ok(2), "two per CPU at least");
+        assert_eq!(io_uring_threads(IoUringMode::Auto, 4, 2, false), Ok(0), "auto falls back to /dev/fuse");
+        assert_eq!(io_uring_threads(IoUringMode::Off, 4, 2, true), Ok(0));
+        let refused = io_uring_threads(IoUringMode::On, 4, 2, false).unwrap_err();
+        assert!(refused.contains(ENABLE_URING), "the error says which switch: {refused}");
     }
 }

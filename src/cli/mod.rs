@@ -52,6 +52,9 @@ enum Command {
     ///   cache_size=SIZE   file data all open files may hold in memory: written and not yet
     ///                     stored, being compressed, or cached decoded (default 256M)
     ///   threads=N         FUSE request threads
+    ///   io_uring=auto|on|off  take requests through FUSE over io_uring (Linux 6.14+), served on
+    ///                     the CPU of the program that made them (default auto: where the kernel
+    ///                     offers it, once /sys/module/fuse/parameters/enable_uring is Y)
     ///   multihost=auto|on|off  keep an owner record in the lower so that a second machine's
     ///                     densefs cannot mount it writable at the same time (default auto: on
     ///                     when the lower is on a network or FUSE file system)

@@ -45,7 +45,7 @@ fn is_served(lower: &Path) -> bool {
 /// A mount point left behind by a killed daemon answers ENOTCONN: detach it.
 fn clear_dead_mount(mountpoint: &Path) {
     if let Err(e) = std::fs::metadata(mountpoint) {
-        if e.raw_os_error() == Some(libc::ENOTCONN) {
+        if super::client::daemon_gone(&e) {
             let _ = detach(mountpoint);
         }
     }

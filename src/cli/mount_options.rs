@@ -16,6 +16,19 @@ pub struct MountConfig {
     pub engine: EngineConfig,
     /// Whether a writable mount keeps an owner record in its lower (owner.rs).
     pub multihost: Multihost,
+    /// Whether requests come through io_uring's per-CPU queues instead of /dev/fuse.
+    pub io_uring: IoUringMode,
+}
+
+/// `io_uring=auto|on|off`: FUSE over io_uring (Linux 6.14+) serves each request on the CPU its
+/// caller runs on. `auto` uses it where the kernel offers it (`enable_uring` is set); `on`
+/// refuses to mount without it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum IoUringMode {
+    #[default]
+    Auto,
+    On,
+    Off,
 }
 
 impl MountConfig {
@@ -46,6 +59,7 @@ pub fn parse_mount_options(list: &str) -> Result<MountConfig, String> {
     let mut allow_other = unsafe { libc::geteuid() } == 0;
     let mut threads = std::thread::available_parallelism().map_or(4, |n| n.get()).clamp(4, 16);
     let mut multihost = Multihost::default();
+    let mut io_uring = IoUringMode::default();
     let mut engine = EngineConfig::new(std::thread::available_parallelism().map_or(2, |n| n.get()));
     for item in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
         let (key, value) = match item.split_once('=') {
@@ -86,6 +100,14 @@ pub fn parse_mount_options(list: &str) -> Result<MountConfig, String> {
                 threads = v.parse().ok().filter(|n| (1..=256).contains(n)).ok_or_else(|| format!("invalid threads '{v}' (1..256)"))?;
             }
             "multihost" => multihost = Multihost::parse(value)?,
+            "io_uring" => {
+                io_uring = match value {
+                    Some("auto") => IoUringMode::Auto,
+                    Some("on") | None => IoUringMode::On,
+                    Some("off") => IoUringMode::Off,
+                    Some(v) => return Err(format!("invalid io_uring '{v}' (auto, on or off)")),
+                }
+            }
             "allow_other" => allow_other = true,
             "allow_root" => allow_other = true,
             "ro" => {
@@ -115,13 +137,22 @@ pub fn parse_mount_options(list: &str) -> Result<MountConfig, String> {
     if engine.offload_window.0 > engine.offload_window.1 {
         return Err("offload_min is larger than offload_max".to_string());
     }
-    Ok(MountConfig { options, fuse_options, allow_other, threads, engine, multihost })
+    Ok(MountConfig { options, fuse_options, allow_other, threads, engine, multihost, io_uring })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::{checksum::ChecksumKind, engine::MinSavings};
+
+    #[test]
+    fn io_uring_option() {
+        assert_eq!(parse_mount_options("").unwrap().io_uring, IoUringMode::Auto);
+        assert_eq!(parse_mount_options("io_uring").unwrap().io_uring, IoUringMode::On);
+        assert_eq!(parse_mount_options("io_uring=off").unwrap().io_uring, IoUringMode::Off);
+        assert_eq!(parse_mount_options("io_uring=auto").unwrap().io_uring, IoUringMode::Auto);
+        assert!(parse_mount_options("io_uring=yes").unwrap_err().contains("auto, on or off"));
+    }
 
     #[test]
     fn options_parse_and_bad_ones_are_explained() {

@@ -1,0 +1,225 @@
+//! FUSE over io_uring (Linux 6.14+): requests come through one queue per CPU, served by ring
+//! threads pinned to it (vendor/fuser/src/uring.rs). Everything a program does through the mount
+//! must behave as through /dev/fuse: these tests drive each CPU's queue with every kind of
+//! request, check the bytes and metadata against the same work done through /dev/fuse, and check
+//! that each CPU's ring threads answered that CPU's requests.
+//!
+//! The kernel offers the rings only with /sys/module/fuse/parameters/enable_uring set: the tests
+//! set it (they run as root, as the suite does); on a kernel without the switch they say so and
+//! check that `io_uring=on` is refused with a clear error.
+
+mod common;
+use common::*;
+use std::collections::BTreeMap;
+use std::fs;
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
+use std::path::Path;
+use std::process::Command;
+
+const ENABLE_URING: &str = "/sys/module/fuse/parameters/enable_uring";
+
+/// Turns the kernel's switch on; false where this kernel has none.
+fn offer_io_uring() -> bool {
+    if !Path::new(ENABLE_URING).exists() {
+        eprintln!("this kernel has no FUSE over io_uring ({ENABLE_URING} missing)");
+        return false;
+    }
+    if fs::read_to_string(ENABLE_URING).unwrap().trim() != "Y" {
+        fs::write(ENABLE_URING, "Y").expect("set enable_uring (the suite runs as root)");
+    }
+    true
+}
+
+fn cpus() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+fn pin_to(cpu: usize) {
+    // SAFETY: a zeroed cpu_set_t is empty; sched_setaffinity reads it.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        assert_eq!(libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &set), 0, "pin to CPU {cpu}");
+    }
+}
+
+fn unpin() {
+    // SAFETY: as in pin_to.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        for cpu in 0..cpus() {
+            libc::CPU_SET(cpu, &mut set);
+        }
+        libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &set);
+    }
+}
+
+/// Voluntary context switches of the daemon's threads, by thread name: a thread that answered
+/// requests slept waiting for each.
+fn switches_by_thread(pid: u32) -> BTreeMap<String, u64> {
+    let mut by_name = BTreeMap::new();
+    for task in fs::read_dir(format!("/proc/{pid}/task")).unwrap().flatten() {
+        let name = fs::read_to_string(task.path().join("comm")).unwrap_or_default().trim().to_string();
+        let status = fs::read_to_string(task.path().join("status")).unwrap_or_default();
+        let switches: u64 =
+            status.lines().find_map(|l| l.strip_prefix("voluntary_ctxt_switches:")).map_or(0, |v| v.trim().parse().unwrap());
+        *by_name.entry(name).or_default() += switches;
+    }
+    by_name
+}
+
+/// Every kind of request a program makes, from the calling thread: creates, small and large
+/// writes (1 MiB requests), reads, overwrites, truncates, fsync, renames, links, symlinks,
+/// xattrs, chmod, utimes, listing, unlink, rmdir. Returns what the tree should hold.
+fn workload(root: &Path, tag: &str) -> BTreeMap<String, Vec<u8>> {
+    let mut expect = BTreeMap::new();
+    let dir = root.join(format!("d-{tag}"));
+    fs::create_dir_all(dir.join("sub")).unwrap();
+    for (i, len) in [0usize, 1, 4095, 4096, 131_073, 3 << 20].into_iter().enumerate() {
+        let name = format!("d-{tag}/f{i}");
+        let data = if i % 2 == 0 { compressible(len, i as u64) } else { random_bytes(len, i as u64) };
+        fs::write(root.join(&name), &data).unwrap();
+        assert_eq!(fs::read(root.join(&name)).unwrap(), data, "{name} read back");
+        expect.insert(name, data);
+    }
+    // Overwrite the middle of the large file, extend it, fsync, truncate it.
+    let big = format!("d-{tag}/f5");
+    let mut data = expect.remove(&big).unwrap();
+    let mut f = fs::OpenOptions::new().read(true).write(true).open(root.join(&big)).unwrap();
+    let patch = random_bytes(200_000, 77);
+    f.write_all_at(&patch, 1_000_000).unwrap();
+    data[1_000_000..1_200_000].copy_from_slice(&patch);
+    f.seek(SeekFrom::End(0)).unwrap();
+    f.write_all(b"tail").unwrap();
+    data.extend_from_slice(b"tail");
+    f.sync_all().unwrap();
+    f.set_len(2_500_000).unwrap();
+    data.truncate(2_500_000);
+    let mut back = Vec::new();
+    f.seek(SeekFrom::Start(0)).unwrap();
+    f.read_to_end(&mut back).unwrap();
+    assert!(back == data, "{big} after overwrite, extend, fsync, truncate");
+    drop(f);
+    expect.insert(big, data);
+    // Rename, hard link, symlink, xattr, mode, times.
+    fs::rename(dir.join("f1"), dir.join("sub/moved")).unwrap();
+    let moved = expect.remove(&format!("d-{tag}/f1")).unwrap();
+    expect.insert(format!("d-{tag}/sub/moved"), moved.clone());
+    fs::hard_link(dir.join("sub/moved"), dir.join("linked")).unwrap();
+    expect.insert(format!("d-{tag}/linked"), moved);
+    std::os::unix::fs::symlink("sub/moved", dir.join("sym")).unwrap();
+    assert_eq!(fs::read_link(dir.join("sym")).unwrap(), Path::new("sub/moved"));
+    xattr_set(&dir.join("f2"), "user.tag", tag.as_bytes());
+    assert_eq!(xattr_get(&dir.join("f2"), "user.tag"), tag.as_bytes());
+    fs::set_permissions(dir.join("f3"), fs::Permissions::from_mode(0o640)).unwrap();
+    assert_eq!(fs::metadata(dir.join("f3")).unwrap().mode() & 0o777, 0o640);
+    // Many small entries, listed and half removed.
+    for i in 0..200 {
+        fs::write(dir.join(format!("sub/s{i}")), format!("{tag}{i}")).unwrap();
+    }
+    for i in (0..200).step_by(2) {
+        fs::remove_file(dir.join(format!("sub/s{i}"))).unwrap();
+    }
+    for i in (1..200).step_by(2) {
+        expect.insert(format!("d-{tag}/sub/s{i}"), format!("{tag}{i}").into_bytes());
+    }
+    let listed = fs::read_dir(dir.join("sub")).unwrap().count();
+    assert_eq!(listed, 101, "100 small files and `moved`");
+    fs::create_dir(dir.join("gone")).unwrap();
+    fs::remove_dir(dir.join("gone")).unwrap();
+    expect
+}
+
+fn xattr_set(path: &Path, name: &str, value: &[u8]) {
+    let p = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+    let n = std::ffi::CString::new(name).unwrap();
+    // SAFETY: NUL-terminated strings and a buffer of the given length.
+    let rc = unsafe { libc::setxattr(p.as_ptr(), n.as_ptr(), value.as_ptr().cast(), value.len(), 0) };
+    assert_eq!(rc, 0, "setxattr {name}: {}", std::io::Error::last_os_error());
+}
+
+fn xattr_get(path: &Path, name: &str) -> Vec<u8> {
+    let p = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+    let n = std::ffi::CString::new(name).unwrap();
+    let mut buf = vec![0u8; 256];
+    // SAFETY: NUL-terminated strings and a buffer of the given length.
+    let rc = unsafe { libc::getxattr(p.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+    assert!(rc >= 0, "getxattr {name}: {}", std::io::Error::last_os_error());
+    buf.truncate(rc as usize);
+    buf
+}
+
+fn check_tree(root: &Path, expect: &BTreeMap<String, Vec<u8>>) {
+    for (name, data) in expect {
+        let got = fs::read(root.join(name)).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert!(got == *data, "{name}: {} bytes read, {} expected, or other bytes", got.len(), data.len());
+    }
+}
+
+#[test]
+fn every_cpus_queue_serves_every_kind_of_request_through_the_rings() {
+    if !offer_io_uring() {
+        return;
+    }
+    let d = Dirs::new();
+    let m = Mount::new(&d.lower, &d.mnt, "io_uring=on,compression=zstd-3,recordsize=64K");
+    let log = fs::read_to_string(&m.log).unwrap();
+    assert!(log.contains("requests through io_uring"), "the log names the transport: {log}");
+    let pid = m.child.as_ref().unwrap().id();
+    let before = switches_by_thread(pid);
+    let mut expect = BTreeMap::new();
+    for cpu in 0..cpus() {
+        pin_to(cpu);
+        expect.extend(workload(&d.mnt, &format!("cpu{cpu}")));
+    }
+    unpin();
+    let after = switches_by_thread(pid);
+    let answered = |prefix: &str| -> u64 {
+        after.iter().filter(|(name, _)| name.starts_with(prefix)).map(|(name, n)| n - before.get(name).copied().unwrap_or(0)).sum()
+    };
+    // Each CPU's workload makes a few thousand requests (200 small files alone take a LOOKUP, a
+    // CREATE, a WRITE, a FLUSH and a RELEASE each); /dev/fuse still brings the FORGETs.
+    for cpu in 0..cpus() {
+        let ring = answered(&format!("fuser-ring-{cpu}."));
+        assert!(ring > 1000, "CPU {cpu}'s ring threads answered the requests made from CPU {cpu} (woke {ring} times)");
+    }
+    check_tree(&d.mnt, &expect);
+    m.unmount();
+
+    // What the rings stored reads back through /dev/fuse, identically.
+    let m = Mount::new(&d.lower, &d.mnt, "io_uring=off");
+    let log = fs::read_to_string(&m.log).unwrap();
+    assert!(log.contains("requests through /dev/fuse"), "io_uring=off keeps to /dev/fuse: {log}");
+    check_tree(&d.mnt, &expect);
+    m.unmount();
+}
+
+#[test]
+fn a_tree_untarred_through_the_rings_equals_the_same_through_dev_fuse() {
+    if !offer_io_uring() {
+        return;
+    }
+    // A real tree (the project's own sources and tests) through tar, as outsiders tested.
+    let src = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let tarball = tempfile::NamedTempFile::new().unwrap();
+    let status = Command::new("tar").arg("cf").arg(tarball.path()).arg("-C").arg(src).args(["src", "tests", "docs"]).status().unwrap();
+    assert!(status.success());
+    let mut listings = Vec::new();
+    for transport in ["io_uring=on", "io_uring=off"] {
+        let d = Dirs::new();
+        let m = Mount::new(&d.lower, &d.mnt, transport);
+        let status = Command::new("tar").arg("xpf").arg(tarball.path()).arg("-C").arg(&d.mnt).status().unwrap();
+        assert!(status.success(), "untar through {transport}");
+        let diff = Command::new("tar").arg("--diff").arg("-f").arg(tarball.path()).arg("-C").arg(&d.mnt).output().unwrap();
+        assert!(diff.status.success(), "tar --diff through {transport}: {}", String::from_utf8_lossy(&diff.stdout));
+        let listing =
+            Command::new("find").arg(".").args(["-mindepth", "1", "-printf", "%p %y %m %s %T@\\n"]).current_dir(&d.mnt).output().unwrap();
+        let mut lines: Vec<String> = String::from_utf8(listing.stdout).unwrap().lines().map(str::to_string).collect();
+        lines.sort();
+        assert!(lines.len() > 50, "the tree has its entries");
+        listings.push(lines);
+        m.unmount();
+    }
+    assert_eq!(listings[0], listings[1], "the same names, types, modes, sizes and mtimes");
+}
