@@ -273,7 +273,7 @@ impl Filesystem for FuseAdapter {
         reply: ReplyData,
     ) {
         match self.fs.read(fh.0, offset, size) {
-            Ok(data) => reply.data(&data),
+            Ok(data) => reply.data_parts(&data.slices()),
             Err(e) => reply.error(errno("read", e)),
         }
     }

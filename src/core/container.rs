@@ -130,20 +130,63 @@ enum Source {
     Lower { candidates: Vec<(usize, Descriptor)> },
 }
 
-/// Bytes a read returns: its own, or a range of one record's cached contents (no copy).
-pub enum ReadBytes {
-    Owned(Vec<u8>),
-    Shared(Arc<Vec<u8>>, std::ops::Range<usize>),
+/// Bytes a read returns, as the pieces they are made of: ranges of records' cached contents (no
+/// copy), zeros for holes, or bytes of its own. The FUSE reply sends the pieces as they lie.
+pub struct ReadBytes {
+    parts: Vec<ReadPart>,
 }
 
-impl std::ops::Deref for ReadBytes {
-    type Target = [u8];
+enum ReadPart {
+    Owned(Vec<u8>),
+    Record(Arc<Vec<u8>>, std::ops::Range<usize>),
+    Zeros(usize),
+}
 
-    fn deref(&self) -> &[u8] {
-        match self {
-            ReadBytes::Owned(bytes) => bytes,
-            ReadBytes::Shared(record, range) => &record[range.clone()],
+/// What zero runs are sent from (a run is at most a record, 1 MiB).
+static ZEROS: [u8; 1 << 20] = [0; 1 << 20];
+
+impl ReadBytes {
+    pub fn owned(bytes: Vec<u8>) -> ReadBytes {
+        ReadBytes { parts: vec![ReadPart::Owned(bytes)] }
+    }
+
+    /// The bytes, in order, as slices.
+    pub fn slices(&self) -> Vec<&[u8]> {
+        let mut out = Vec::with_capacity(self.parts.len());
+        for part in &self.parts {
+            match part {
+                ReadPart::Owned(bytes) => out.push(bytes.as_slice()),
+                ReadPart::Record(record, range) => out.push(&record[range.clone()]),
+                ReadPart::Zeros(mut n) => {
+                    while n > 0 {
+                        let run = n.min(ZEROS.len());
+                        out.push(&ZEROS[..run]);
+                        n -= run;
+                    }
+                }
+            }
         }
+        out
+    }
+
+    pub fn len(&self) -> usize {
+        self.parts
+            .iter()
+            .map(|p| match p {
+                ReadPart::Owned(bytes) => bytes.len(),
+                ReadPart::Record(_, range) => range.len(),
+                ReadPart::Zeros(n) => *n,
+            })
+            .sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The bytes joined (callers other than the FUSE reply).
+    pub fn to_vec(&self) -> Vec<u8> {
+        self.slices().concat()
     }
 }
 
@@ -424,29 +467,25 @@ impl Container {
     pub fn read(&self, offset: u64, len: usize) -> FsResult<ReadBytes> {
         let size = self.size();
         if offset >= size {
-            return Ok(ReadBytes::Owned(Vec::new()));
+            return Ok(ReadBytes::owned(Vec::new()));
         }
         let len = (len as u64).min(size - offset);
         let pieces: Vec<_> = self.layout().split(offset, len).collect();
         let records: Vec<u64> = pieces.iter().map(|p| p.record).collect();
         self.read_ahead(records[0], records[records.len() - 1], self.layout().plain_size_to_records(size));
         let contents = self.fetch(&records)?;
-        // The kernel reads whole records of a file read in order: hand the record over as it is.
-        if let ([piece], [buf]) = (pieces.as_slice(), contents.as_slice()) {
-            if buf.len() >= piece.skip + piece.len {
-                return Ok(ReadBytes::Shared(Arc::clone(buf), piece.skip..piece.skip + piece.len));
-            }
-        }
-        let mut out = Vec::with_capacity(len as usize);
+        let mut parts = Vec::with_capacity(pieces.len());
         for (piece, buf) in pieces.iter().zip(contents) {
             let have = buf.len().saturating_sub(piece.skip).min(piece.len);
             if have > 0 {
-                out.extend_from_slice(&buf[piece.skip..piece.skip + have]);
+                parts.push(ReadPart::Record(buf, piece.skip..piece.skip + have));
             }
             // Past a record's end (a hole, or a record shorter than the file's size says): zeros.
-            out.resize(out.len() + piece.len - have, 0);
+            if piece.len > have {
+                parts.push(ReadPart::Zeros(piece.len - have));
+            }
         }
-        Ok(ReadBytes::Owned(out))
+        Ok(ReadBytes { parts })
     }
 
     // ---- writing -----------------------------------------------------------------------

@@ -268,7 +268,7 @@ impl DenseFs {
                 let mut buf = vec![0u8; size as usize];
                 let n = lower::pread_full(&file, &mut buf, offset)?;
                 buf.truncate(n);
-                Ok(ReadBytes::Owned(buf))
+                Ok(ReadBytes::owned(buf))
             }
         }
     }

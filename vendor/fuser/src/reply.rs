@@ -215,6 +215,12 @@ impl ReplyData {
         self.reply.send_ll(&ll::ResponseSlice(data));
     }
 
+    /// Reply with data made of several pieces, in order, without joining them first (densefs:
+    /// a read's records are handed over where they are cached).
+    pub fn data_parts(self, parts: &[&[u8]]) {
+        self.reply.send_ll(&ll::reply::ResponseSlices(parts));
+    }
+
     /// Reply to a request with the given error code
     pub fn error(self, err: Errno) {
         self.reply.error(err);

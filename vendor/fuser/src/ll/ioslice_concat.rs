@@ -31,6 +31,12 @@ impl IosliceConcat for &[IoSlice<'_>] {
     }
 }
 
+impl IosliceConcat for Vec<IoSlice<'_>> {
+    fn iter_slices(&self) -> impl Iterator<Item = IoSlice<'_>> + '_ {
+        self.iter().copied()
+    }
+}
+
 impl<const N: usize> IosliceConcat for [IoSlice<'_>; N] {
     fn iter_slices(&self) -> impl Iterator<Item = IoSlice<'_>> + '_ {
         self.iter().copied()

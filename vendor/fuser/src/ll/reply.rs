@@ -61,6 +61,15 @@ impl Response for ResponseSlice<'_> {
     }
 }
 
+/// Data in several pieces, sent as they lie (no concatenation into one buffer first).
+pub(crate) struct ResponseSlices<'a>(pub(crate) &'a [&'a [u8]]);
+
+impl Response for ResponseSlices<'_> {
+    fn payload(&self) -> Vec<IoSlice<'_>> {
+        self.0.iter().filter(|s| !s.is_empty()).map(|s| IoSlice::new(s)).collect()
+    }
+}
+
 pub(crate) struct ResponseEmpty;
 
 impl Response for ResponseEmpty {
