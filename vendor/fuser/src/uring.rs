@@ -343,6 +343,7 @@ impl<FS: Filesystem> UringQueues<FS> {
         // SAFETY: the entry's buffers and iovecs outlive the ring (dropped after it, below).
         unsafe { ring.submission().push(&register) }
             .map_err(|_| io::Error::other("ring full"))?;
+        let mut failures = 0;
         loop {
             match ring.submit_and_wait(1) {
                 Ok(_) => {}
@@ -354,12 +355,27 @@ impl<FS: Filesystem> UringQueues<FS> {
             };
             let result = completion.result();
             if result < 0 {
-                return match -result {
+                match -result {
                     // The connection ended (unmount) or the ring is being torn down.
-                    libc::ENOTCONN | libc::ECANCELED | libc::ENODEV | libc::ECONNABORTED => Ok(()),
-                    errno => Err(io::Error::from_raw_os_error(errno)),
-                };
+                    libc::ENOTCONN | libc::ECANCELED | libc::ENODEV | libc::ECONNABORTED => return Ok(()),
+                    errno => {
+                        // A commit the kernel refused (its request gone) leaves the entry
+                        // unusable: register the buffers again rather than leave the CPU's queue
+                        // a thread short, unless the kernel keeps refusing.
+                        failures += 1;
+                        let error = io::Error::from_raw_os_error(errno);
+                        if failures > 100 {
+                            return Err(error);
+                        }
+                        warn!("io_uring queue {qid}: {error}; registering the entry again");
+                        // SAFETY: as for the first registration.
+                        unsafe { ring.submission().push(&register) }
+                            .map_err(|_| io::Error::other("ring full"))?;
+                        continue;
+                    }
+                }
             }
+            failures = 0;
             let commit_id = entry.header.ring.commit_id;
             sender.reset(entry.header.ring.payload_sz > 0);
             match entry.assemble_request() {
@@ -374,8 +390,14 @@ impl<FS: Filesystem> UringQueues<FS> {
                         Some(req) => {
                             if let Ok(ll::Operation::Destroy(_)) = req.request.operation() {
                                 req.reply::<crate::ReplyEmpty>().ok();
-                            } else {
-                                req.dispatch(&event_loop);
+                            } else if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                                req.dispatch(&event_loop)
+                            }))
+                            .is_err()
+                            {
+                                // The reply's drop answered EIO, as through /dev/fuse; the entry
+                                // must still be committed, or its caller would wait forever.
+                                error!("io_uring queue {qid}: a request's handler panicked");
                             }
                         }
                         None => answer_error(&sender, commit_id, libc::EIO),
