@@ -255,6 +255,9 @@ def make(res, out):
         md.append(f"Idle cores: cpuidle driver `{idle['cpuidle_driver']}`, governor `{idle.get('cpuidle_governor')}`" +
                   (f", guest halt polling {poll} ns" + (" (off: a woken core leaves a halt, which the host handles)"
                                                         if poll == "0" else "") if poll is not None else "") + ".\n")
+    if res.get("fuse_io_uring"):
+        md.append(f"FUSE over io_uring: {res['fuse_io_uring']} (densefs uses it unless mounted `io_uring=off`, "
+                  "the `/dev/fuse` rows).\n")
     if "loadavg_start" in m:
         md.append(f"Load average (1, 5, 15 min) at the start {', '.join(f'{x:.1f}' for x in m['loadavg_start'])}, "
                   f"at the end {', '.join(f'{x:.1f}' for x in m.get('loadavg_end', []))}: other work on the "
