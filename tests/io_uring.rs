@@ -18,6 +18,14 @@ use std::path::Path;
 use std::process::Command;
 
 const ENABLE_URING: &str = "/sys/module/fuse/parameters/enable_uring";
+const IO_URING_DISABLED: &str = "/proc/sys/kernel/io_uring_disabled";
+
+/// One test of this file at a time: one of them turns io_uring off for the whole machine.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
 
 /// Turns the kernel's switch on; false where this kernel has none.
 fn offer_io_uring() -> bool {
@@ -159,6 +167,7 @@ fn check_tree(root: &Path, expect: &BTreeMap<String, Vec<u8>>) {
 
 #[test]
 fn every_cpus_queue_serves_every_kind_of_request_through_the_rings() {
+    let _serial = serial();
     if !offer_io_uring() {
         return;
     }
@@ -197,6 +206,7 @@ fn every_cpus_queue_serves_every_kind_of_request_through_the_rings() {
 
 #[test]
 fn a_tree_untarred_through_the_rings_equals_the_same_through_dev_fuse() {
+    let _serial = serial();
     if !offer_io_uring() {
         return;
     }
@@ -222,4 +232,40 @@ fn a_tree_untarred_through_the_rings_equals_the_same_through_dev_fuse() {
         m.unmount();
     }
     assert_eq!(listings[0], listings[1], "the same names, types, modes, sizes and mtimes");
+}
+
+/// Puts kernel.io_uring_disabled back as it was.
+struct RestoreSysctl(String);
+
+impl Drop for RestoreSysctl {
+    fn drop(&mut self) {
+        let _ = fs::write(IO_URING_DISABLED, &self.0);
+    }
+}
+
+#[test]
+fn a_daemon_that_may_not_use_io_uring_serves_through_dev_fuse() {
+    let _serial = serial();
+    if !offer_io_uring() || !Path::new(IO_URING_DISABLED).exists() {
+        return;
+    }
+    // Once INIT agrees on io_uring the kernel holds every request until each CPU's queue has an
+    // entry: a daemon that then could not set up its rings would hang its mount. It must find
+    // out before INIT and stay on /dev/fuse.
+    let _restore = RestoreSysctl(fs::read_to_string(IO_URING_DISABLED).unwrap());
+    fs::write(IO_URING_DISABLED, "2").unwrap();
+    let d = Dirs::new();
+    let m = Mount::new(&d.lower, &d.mnt, "");
+    let log = fs::read_to_string(&m.log).unwrap();
+    assert!(log.contains("cannot set up a ring"), "the log says why: {log}");
+    assert!(log.contains("requests through /dev/fuse"), "{log}");
+    fs::write(m.path("f"), b"served").unwrap();
+    assert_eq!(fs::read(m.path("f")).unwrap(), b"served");
+    m.unmount();
+    let refused = Command::new(BIN).args(["mount", "-o", "io_uring=on"]).arg(&d.lower).arg(&d.mnt).output().unwrap();
+    assert!(!refused.status.success(), "io_uring=on without rings is refused");
+    let said = String::from_utf8_lossy(&refused.stderr);
+    assert!(said.contains("io_uring=on") && said.contains("io_uring_disabled"), "{said}");
+    let left = densefs::cli::mountinfo::mountinfo().into_iter().any(|m| m.point == d.mnt);
+    assert!(!left, "the refused mount is taken away again");
 }

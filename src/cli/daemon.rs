@@ -182,8 +182,13 @@ pub(super) fn serve(
         Err(e) => return Err(fail(&mut ready, format!("cannot mount {}: {}", mountpoint.display(), explain_mount_error(&e)))),
     };
     if config.io_uring == IoUringMode::On && !session.uses_io_uring() {
-        // Dropping the session unmounts.
-        return Err(fail(&mut ready, "io_uring=on: the kernel did not agree on FUSE over io_uring at INIT".to_string()));
+        // The kernel mount exists already (root mounts it itself): take it away again.
+        let _ = detach(mountpoint);
+        drop(session);
+        return Err(fail(
+            &mut ready,
+            "io_uring=on: FUSE over io_uring could not be set up (the kernel did not offer it at INIT, or this process may not use io_uring: see kernel.io_uring_disabled)".to_string(),
+        ));
     }
     if let Some(mount) = super::mountinfo::densefs_mount_at(mountpoint) {
         *read_ahead_knob.lock() = Some(PathBuf::from(format!("/sys/class/bdi/{}/read_ahead_kb", mount.device)));

@@ -440,8 +440,14 @@ impl<FS: Filesystem> Session<FS> {
             };
             let res = filesystem.init(Request::ref_cast(request.header()), &mut config);
             if self.config.io_uring_threads > 0 {
-                // Asked only where offered: the kernel offers it when `enable_uring` is set.
-                let _ = config.add_capabilities(InitFlags::FUSE_OVER_IO_URING);
+                // Asked only where offered (the kernel offers it when `enable_uring` is set) and
+                // where this process can set up rings.
+                match crate::uring::rings_available() {
+                    Ok(()) => {
+                        let _ = config.add_capabilities(InitFlags::FUSE_OVER_IO_URING);
+                    }
+                    Err(e) => warn!("FUSE over io_uring not used: cannot set up a ring ({e})"),
+                }
             }
             if let Err(error) = res {
                 let errno = Errno::from_i32(error.raw_os_error().unwrap_or(0));

@@ -252,6 +252,18 @@ impl UringSender {
     }
 }
 
+/// Whether this process may set up the rings (io_uring may be disabled by sysctl, limited to a
+/// group, or filtered by seccomp). Asked before INIT agrees on io_uring: once it has, the kernel
+/// holds every request until each CPU's queue has an entry, so a daemon that then cannot set up
+/// its rings would hang its mount.
+pub(crate) fn rings_available() -> io::Result<()> {
+    IoUring::<squeue::Entry128, cqueue::Entry>::builder()
+        .setup_single_issuer()
+        .setup_defer_taskrun()
+        .build(4)
+        .map(drop)
+}
+
 /// What the /dev/fuse session hands each ring thread.
 pub(crate) struct UringQueues<FS: Filesystem> {
     pub(crate) ch: Channel,
