@@ -169,21 +169,6 @@ impl ReadBytes {
         out
     }
 
-    pub fn len(&self) -> usize {
-        self.parts
-            .iter()
-            .map(|p| match p {
-                ReadPart::Owned(bytes) => bytes.len(),
-                ReadPart::Record(_, range) => range.len(),
-                ReadPart::Zeros(n) => *n,
-            })
-            .sum()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
     /// The bytes joined (callers other than the FUSE reply).
     pub fn to_vec(&self) -> Vec<u8> {
         self.slices().concat()
