@@ -498,9 +498,8 @@ impl<FS: Filesystem> Session<FS> {
 
             if (init.capabilities() & config.requested).contains(InitFlags::FUSE_OVER_IO_URING) {
                 // The kernel's payload buffers take its largest request or answer.
-                let page = page_size::get();
-                let pages = ((config.max_write.max(config.max_readahead) as usize).max(1) - 1) / page + 1;
-                self.uring_payload_size = Some((config.max_write as usize).max(pages * page).max(8192));
+                let pages = usize::from(config.max_pages()) * page_size::get();
+                self.uring_payload_size = Some((config.max_write as usize).max(pages).max(8192));
             }
             let response = init.reply(&config);
             <ReplyRaw as Reply>::new(request.unique(), ReplySender::Channel(self.ch.sender()))

@@ -35,6 +35,7 @@ use crate::Filesystem;
 use crate::channel::Channel;
 use crate::ll;
 use crate::ll::fuse_abi as abi;
+use crate::ll::reply::Response;
 use crate::request::RequestWithSender;
 use crate::session::FilesystemHolder;
 use crate::session::SessionACL;
@@ -66,13 +67,25 @@ struct ReqHeader {
     ring: EntInOut,
 }
 
-/// `struct fuse_uring_cmd_req`, in the SQE's command area.
-fn command(qid: u16, commit_id: u64) -> [u8; 80] {
+/// A FUSE ring command for entry `iov` of queue `qid`: `struct fuse_uring_cmd_req` in the
+/// SQE's command area, the entry's two iovecs in `addr` and `len`.
+fn fuse_command(
+    fd: i32,
+    op: u32,
+    qid: u16,
+    commit_id: u64,
+    iov: &[libc::iovec; 2],
+) -> squeue::Entry128 {
     let mut cmd = [0u8; 80];
     // flags (u64) stay 0
     cmd[8..16].copy_from_slice(&commit_id.to_ne_bytes());
     cmd[16..18].copy_from_slice(&qid.to_ne_bytes());
-    cmd
+    with_iovecs(
+        opcode::UringCmd80::new(Fd(fd), op)
+            .cmd(cmd)
+            .addr(Some(iov.as_ptr() as u64))
+            .build(),
+    )
 }
 
 /// Room in front of the payload for the in-header and the operation header, so that a request
@@ -80,6 +93,10 @@ fn command(qid: u16, commit_id: u64) -> [u8; 80] {
 const PREFIX: usize = 256;
 const IN_HEADER: usize = size_of::<abi::fuse_in_header>();
 const OUT_HEADER: usize = size_of::<abi::fuse_out_header>();
+
+fn payload_of(message: &mut [u64]) -> *mut u8 {
+    message.as_mut_ptr().cast::<u8>().wrapping_add(PREFIX)
+}
 
 /// One ring entry's buffers. They stay where they are from REGISTER until the ring ends: the
 /// kernel writes requests into them from this thread's context.
@@ -99,7 +116,7 @@ impl EntryBuffers {
             ring: EntInOut::default(),
         });
         let mut message = vec![0u64; (PREFIX + payload_size).div_ceil(8)];
-        let payload = message.as_mut_ptr().cast::<u8>().wrapping_add(PREFIX);
+        let payload = payload_of(&mut message);
         let iov = Box::new([
             libc::iovec {
                 iov_base: std::ptr::from_mut(&mut *header).cast(),
@@ -116,6 +133,11 @@ impl EntryBuffers {
             payload_size,
             iov,
         }
+    }
+
+    /// Where the payload the kernel sees starts.
+    fn payload(&mut self) -> *mut u8 {
+        payload_of(&mut self.message)
     }
 
     fn message_bytes(&mut self) -> &mut [u8] {
@@ -171,11 +193,10 @@ unsafe impl Send for SlotState {}
 
 impl UringSender {
     fn new(entry: &mut EntryBuffers) -> Self {
-        let payload = entry.message.as_mut_ptr().cast::<u8>().wrapping_add(PREFIX);
         UringSender(Arc::new(ReplySlot {
             state: Mutex::new(SlotState {
                 header: std::ptr::from_mut(&mut *entry.header),
-                payload,
+                payload: entry.payload(),
                 payload_size: entry.payload_size,
                 answered: false,
                 deferred: None,
@@ -257,11 +278,16 @@ impl UringSender {
 /// holds every request until each CPU's queue has an entry, so a daemon that then cannot set up
 /// its rings would hang its mount.
 pub(crate) fn rings_available() -> io::Result<()> {
-    IoUring::<squeue::Entry128, cqueue::Entry>::builder()
+    new_ring().map(drop)
+}
+
+/// A ring for one thread's entry: 128-byte SQEs (FUSE's command needs them), submitted and
+/// reaped by that thread alone.
+fn new_ring() -> io::Result<IoUring<squeue::Entry128, cqueue::Entry>> {
+    IoUring::builder()
         .setup_single_issuer()
         .setup_defer_taskrun()
         .build(4)
-        .map(drop)
 }
 
 /// What the /dev/fuse session hands each ring thread.
@@ -334,10 +360,7 @@ impl<FS: Filesystem> UringQueues<FS> {
         let mut entry = EntryBuffers::new(self.payload_size);
         let sender = UringSender::new(&mut entry);
         // Declared after the buffers, so dropped (closed, cancelling the entry) before them.
-        let mut ring: IoUring<squeue::Entry128, cqueue::Entry> = IoUring::builder()
-            .setup_single_issuer()
-            .setup_defer_taskrun()
-            .build(4)?;
+        let mut ring = new_ring()?;
         let event_loop = SessionEventLoop {
             thread_name,
             ch: self.ch.clone(),
@@ -346,12 +369,7 @@ impl<FS: Filesystem> UringQueues<FS> {
             session_owner: self.session_owner,
         };
         let fd = self.ch.as_fd().as_raw_fd();
-        let register = with_iovecs(
-            opcode::UringCmd80::new(Fd(fd), FUSE_IO_URING_CMD_REGISTER)
-                .cmd(command(qid, 0))
-                .addr(Some(entry.iov.as_ptr() as u64))
-                .build(),
-        );
+        let register = fuse_command(fd, FUSE_IO_URING_CMD_REGISTER, qid, 0, &entry.iov);
         // SAFETY: the entry's buffers and iovecs outlive the ring (dropped after it, below).
         unsafe { ring.submission().push(&register) }
             .map_err(|_| io::Error::other("ring full"))?;
@@ -412,21 +430,16 @@ impl<FS: Filesystem> UringQueues<FS> {
                                 error!("io_uring queue {qid}: a request's handler panicked");
                             }
                         }
-                        None => answer_error(&sender, commit_id, libc::EIO),
+                        None => answer_eio(&sender, commit_id),
                     }
                 }
                 None => {
                     warn!("io_uring queue {qid}: a request whose sizes do not add up");
-                    answer_error(&sender, commit_id, libc::EIO);
+                    answer_eio(&sender, commit_id);
                 }
             }
             sender.wait_for_answer();
-            let commit = with_iovecs(
-                opcode::UringCmd80::new(Fd(fd), FUSE_IO_URING_CMD_COMMIT_AND_FETCH)
-                    .cmd(command(qid, commit_id))
-                    .addr(Some(entry.iov.as_ptr() as u64))
-                    .build(),
-            );
+            let commit = fuse_command(fd, FUSE_IO_URING_CMD_COMMIT_AND_FETCH, qid, commit_id, &entry.iov);
             // SAFETY: as for the registration.
             unsafe { ring.submission().push(&commit) }
                 .map_err(|_| io::Error::other("ring full"))?;
@@ -434,13 +447,8 @@ impl<FS: Filesystem> UringQueues<FS> {
     }
 }
 
-fn answer_error(sender: &UringSender, unique: u64, errno: i32) {
-    let header = abi::fuse_out_header {
-        len: OUT_HEADER as u32,
-        error: -errno,
-        unique,
-    };
-    let _ = sender.send(&[IoSlice::new(zerocopy::IntoBytes::as_bytes(&header))]);
+fn answer_eio(sender: &UringSender, unique: u64) {
+    let _ = ll::ResponseErrno(ll::Errno::EIO).with_iovec(ll::RequestId(unique), |iov| sender.send(iov));
 }
 
 /// io-uring's UringCmd80 sets `addr` but not `len`; FUSE reads `len` as the number of iovecs.
