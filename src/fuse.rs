@@ -12,7 +12,16 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-const TTL: Duration = Duration::from_secs(1);
+/// How long the kernel keeps entries and attributes of a writable mount. Every change to the
+/// lower goes through the daemon (one writer per lower directory, README "multihost"), and
+/// the kernel drops what a request changes; what the daemon changes on its own (blocks and
+/// ctime as records land after a reply) it drops on the daemon's word
+/// (`DenseFs::on_kernel_attrs_stale`). So a warm `stat` or `git status` asks the daemon
+/// nothing, where a 1 s timeout cost a LOOKUP or GETATTR per file each time.
+const WRITABLE_TTL: Duration = Duration::from_secs(3600);
+/// A read-only mount may look at a lower another machine's densefs writes (`-o ro` is allowed
+/// beside it): names and attributes are asked again after a second.
+const READ_ONLY_TTL: Duration = Duration::from_secs(1);
 /// Largest FUSE request (the kernel's default cap, `fs.fuse.max_pages_limit`, is 1 MiB).
 pub const MAX_WRITE: u32 = 1 << 20;
 
@@ -23,14 +32,17 @@ pub const READ_AHEAD_KB: u32 = 4096;
 
 pub struct FuseAdapter {
     fs: Arc<DenseFs>,
+    /// WRITABLE_TTL or READ_ONLY_TTL.
+    ttl: Duration,
     /// The mount's `read_ahead_kb` in sysfs, written once INIT is done (the kernel sets it at
     /// INIT); taken by the first open.
     read_ahead_knob: Arc<parking_lot::Mutex<Option<std::path::PathBuf>>>,
 }
 
 impl FuseAdapter {
-    pub fn new(fs: Arc<DenseFs>) -> FuseAdapter {
-        FuseAdapter { fs, read_ahead_knob: Arc::default() }
+    pub fn new(fs: Arc<DenseFs>, read_only: bool) -> FuseAdapter {
+        let ttl = if read_only { READ_ONLY_TTL } else { WRITABLE_TTL };
+        FuseAdapter { fs, ttl, read_ahead_knob: Arc::default() }
     }
 
     /// Where to raise the mount's read-ahead to [`READ_AHEAD_KB`] (`/sys/class/bdi/MAJ:MIN/read_ahead_kb`),
@@ -116,7 +128,7 @@ fn set_time(t: Option<TimeOrNow>) -> Option<SetTime> {
 macro_rules! entry_reply {
     ($self:expr, $reply:expr, $op:expr, $result:expr) => {
         match $result {
-            Ok(attr) => $reply.entry(&TTL, &fuse_attr(&attr), Generation($self.fs.generation(attr.ino))),
+            Ok(attr) => $reply.entry(&$self.ttl, &fuse_attr(&attr), Generation($self.fs.generation(attr.ino))),
             Err(e) => $reply.error(errno($op, e)),
         }
     };
@@ -172,7 +184,7 @@ impl Filesystem for FuseAdapter {
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
         match self.fs.getattr(ino.0) {
-            Ok(attr) => reply.attr(&TTL, &fuse_attr(&attr)),
+            Ok(attr) => reply.attr(&self.ttl, &fuse_attr(&attr)),
             Err(e) => reply.error(errno("getattr", e)),
         }
     }
@@ -197,7 +209,7 @@ impl Filesystem for FuseAdapter {
     ) {
         let set = SetAttr { mode, uid, gid, size, atime: set_time(atime), mtime: set_time(mtime), kill_privileges: lacks_fsetid(req) };
         match self.fs.setattr(ino.0, fh.map(|f| f.0), set) {
-            Ok(attr) => reply.attr(&TTL, &fuse_attr(&attr)),
+            Ok(attr) => reply.attr(&self.ttl, &fuse_attr(&attr)),
             Err(e) => reply.error(errno("setattr", e)),
         }
     }
@@ -334,7 +346,7 @@ impl Filesystem for FuseAdapter {
 
     fn readdirplus(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, offset: u64, mut reply: ReplyDirectoryPlus) {
         let result = self.fs.readdirplus(fh.0, offset, |next, e, attr| {
-            reply.add(INodeNo(e.ino), next, &e.name, &TTL, &fuse_attr(attr), Generation(self.fs.generation(attr.ino)))
+            reply.add(INodeNo(e.ino), next, &e.name, &self.ttl, &fuse_attr(attr), Generation(self.fs.generation(attr.ino)))
         });
         match result {
             Ok(()) => reply.ok(),
@@ -378,7 +390,7 @@ impl Filesystem for FuseAdapter {
         match self.fs.create(parent.0, name, mode, flags, creator(req, umask)) {
             Ok((attr, fh)) => {
                 let generation = Generation(self.fs.generation(attr.ino));
-                reply.created(&TTL, &fuse_attr(&attr), generation, FileHandle(fh), FopenFlags::FOPEN_KEEP_CACHE)
+                reply.created(&self.ttl, &fuse_attr(&attr), generation, FileHandle(fh), FopenFlags::FOPEN_KEEP_CACHE)
             }
             Err(e) => reply.error(errno("create", e)),
         }

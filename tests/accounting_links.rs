@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{compressible, Dirs, Mount, BIN};
+use common::{compressible, wait_until, Dirs, Mount, BIN};
 use std::fs;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
@@ -59,9 +59,11 @@ fn a_hard_linked_file_is_counted_once() {
     fs::hard_link(linked.join("file"), linked.join("sub/l3")).unwrap();
     assert_eq!(fs::metadata(linked.join("sub/l3")).unwrap().nlink(), 4);
     // Let the lower file system allocate what it delayed (st_blocks: extent blocks appear at
-    // writeback), then wait out the kernel's attribute cache (1 s) so the mount shows them too.
+    // writeback); the daemon's writeback tick sees the change and the mount follows.
     Command::new("sync").status().unwrap();
-    std::thread::sleep(std::time::Duration::from_millis(1100));
+    wait_until("the mount to show the lower's blocks", || {
+        fs::metadata(linked.join("file")).unwrap().blocks() == fs::metadata(d.lower.join("linked/file")).unwrap().blocks()
+    });
 
     let lower_file = fs::metadata(d.lower.join("linked/file")).unwrap();
     let used = lower_file.blocks() * 512;

@@ -508,3 +508,89 @@ fn an_empty_file_takes_no_space_and_recompress_never_grows_a_file() {
     }
     m.unmount();
 }
+
+/// The mount's blocks and ctime of `name` against the lower file's.
+fn attrs_match_lower(m: &Mount, name: &str) -> Result<(), String> {
+    let (upper, lower) = (fs::metadata(m.path(name)).unwrap(), fs::metadata(m.lower.join(name)).unwrap());
+    let (u, l) = ((upper.blocks(), upper.ctime(), upper.ctime_nsec()), (lower.blocks(), lower.ctime(), lower.ctime_nsec()));
+    if u == l {
+        Ok(())
+    } else {
+        Err(format!("{name}: (blocks, ctime s, ns) {u:?} through the mount, {l:?} on the lower"))
+    }
+}
+
+/// A writable mount lets the kernel keep attributes for long, so what the daemon writes on its
+/// own after a reply (the records a close lands, the writeback tick's landings, a recompress)
+/// must make the kernel drop the attributes it got before: `du` right after `tar` or `cp -p`
+/// (both set attributes before the close) shows what the lower holds.
+#[test]
+fn attributes_handed_out_before_the_daemon_writes_on_its_own_are_dropped() {
+    let d = Dirs::new();
+    let m = Mount::new(&d.lower, &d.mnt, "compression=lz4");
+    let data = compressible(60_000, 21); // less than a record: it lands at close
+    let mut stale = vec![];
+    for i in 0..20 {
+        let name = format!("f{i}");
+        let f = File::create(m.path(&name)).unwrap();
+        f.write_all_at(&data, 0).unwrap();
+        if i % 2 == 0 {
+            f.metadata().unwrap(); // GETATTR before the close
+        } else {
+            f.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(0o640)).unwrap();
+            // SETATTR, as tar does
+        }
+        drop(f);
+        stale.extend(attrs_match_lower(&m, &name).err());
+    }
+    assert!(stale.is_empty(), "attributes from before the close's landing kept: {stale:?}");
+
+    // Kept open: the writeback tick lands the records, and the mount follows.
+    let f = File::create(m.path("open")).unwrap();
+    f.write_all_at(&data, 0).unwrap();
+    f.metadata().unwrap();
+    wait_until("the writeback tick to land the open file", || fs::metadata(d.lower.join("open")).unwrap().blocks() > 0);
+    wait_until("the mount to show the landed blocks of the open file", || attrs_match_lower(&m, "open").is_ok());
+    drop(f);
+    attrs_match_lower(&m, "open").unwrap();
+
+    let before = fs::metadata(m.path("f0")).unwrap().blocks();
+    let out = Command::new(BIN).args(["recompress", "-o", "compression=gzip-9"]).arg(m.path("f0")).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    attrs_match_lower(&m, "f0").unwrap();
+    assert!(fs::metadata(m.path("f0")).unwrap().blocks() < before, "gzip-9 took no less than lz4");
+
+    // Another record size moves the file into a new lower file under its name: the kernel's
+    // entry for the name must not keep leading to the old one (an append would be lost).
+    let out = Command::new(BIN).args(["recompress", "-o", "recordsize=16K"]).arg(m.path("f1")).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    OpenOptions::new().append(true).open(m.path("f1")).unwrap().write_all(b"appended").unwrap();
+    attrs_match_lower(&m, "f1").unwrap();
+    m.unmount();
+    let m = Mount::new(&d.lower, &d.mnt, "");
+    let back = fs::read(m.path("f1")).unwrap();
+    assert!(back.len() == data.len() + 8 && back.ends_with(b"appended"), "{} bytes read back", back.len());
+    m.unmount();
+}
+
+/// A writable mount is the lower's only writer, so the kernel keeps names and attributes
+/// (a warm `stat` asks the daemon nothing); a read-only one may look at a lower another
+/// machine writes, so it asks again after a second. Seen here by changing the lower behind
+/// the mounts' backs (which users must not do to a writable mount).
+#[test]
+fn a_writable_mount_keeps_attributes_and_a_read_only_one_asks_again() {
+    use std::os::unix::fs::PermissionsExt;
+    let d = Dirs::new();
+    fs::write(d.lower.join("plain"), b"not a container").unwrap();
+    fs::set_permissions(d.lower.join("plain"), fs::Permissions::from_mode(0o644)).unwrap();
+    for (options, follows) in [("", false), ("ro", true)] {
+        let m = Mount::new(&d.lower, &d.mnt, options);
+        assert_eq!(fs::metadata(m.path("plain")).unwrap().mode() & 0o777, 0o644);
+        fs::set_permissions(d.lower.join("plain"), fs::Permissions::from_mode(0o600)).unwrap();
+        std::thread::sleep(Duration::from_millis(1500));
+        let seen = fs::metadata(m.path("plain")).unwrap().mode() & 0o777;
+        assert_eq!(seen, if follows { 0o600 } else { 0o644 }, "-o {options:?}: mode {seen:o} 1.5 s after the lower changed");
+        fs::set_permissions(d.lower.join("plain"), fs::Permissions::from_mode(0o644)).unwrap();
+        m.unmount();
+    }
+}

@@ -163,7 +163,7 @@ pub(super) fn serve(
         Ok(n) => n,
         Err(e) => return Err(fail(&mut ready, e)),
     };
-    let adapter = FuseAdapter::new(fs.clone());
+    let adapter = FuseAdapter::new(fs.clone(), config.read_only());
     let read_ahead_knob = adapter.read_ahead_knob();
     let session = if is_root() {
         // Root mounts with its own mount(2), as libfuse does, so that the type is fuse.densefs
@@ -190,6 +190,11 @@ pub(super) fn serve(
             "io_uring=on: FUSE over io_uring could not be set up (the kernel did not offer it at INIT, or this process may not use io_uring: see kernel.io_uring_disabled)".to_string(),
         ));
     }
+    let notifier = session.notifier();
+    fs.on_kernel_attrs_stale(Box::new(move |ino| {
+        // ENOENT: the kernel no longer holds the inode.
+        let _ = notifier.inval_inode(fuser::INodeNo(ino), -1, 0);
+    }));
     if let Some(mount) = super::mountinfo::densefs_mount_at(mountpoint) {
         *read_ahead_knob.lock() = Some(PathBuf::from(format!("/sys/class/bdi/{}/read_ahead_kb", mount.device)));
     }

@@ -285,6 +285,12 @@ impl Container {
         self.discard_pending()
     }
 
+    /// Whether the daemon's own writes (landings, the put-back mtime) changed the lower file
+    /// since the last call: its blocks or ctime as stat'ed before may be stale.
+    pub fn take_lower_changed(&self) -> bool {
+        self.state.lock().store.take_unpublished_changes()
+    }
+
     /// The modification time users see, and the last status change not yet on the lower.
     pub fn times(&self) -> (libc::timespec, Option<libc::timespec>) {
         self.state.lock().store.times()

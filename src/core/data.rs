@@ -279,19 +279,23 @@ impl DenseFs {
     /// security.capability once per inode instead of before every write (it still removes
     /// capabilities itself).
     pub fn write(&self, fh: u64, offset: u64, data: &[u8], kill_privileges: bool) -> FsResult<usize> {
-        if kill_privileges {
-            let handle = self.handle(fh)?;
-            if let Handle::File { inode, .. } = &*handle {
-                self.kill_privileges(&self.inode(inode.nodeid)?)?;
-            }
-        }
-        match self.file_content(fh)? {
-            Content::Container(c) => c.write(offset, data),
+        let handle = self.handle(fh)?;
+        let Handle::File { inode, content, .. } = &*handle else { return Err(FsError::errno(libc::EISDIR)) };
+        let killed = kill_privileges && self.kill_privileges(&self.inode(inode.nodeid)?)?;
+        let written = match content {
+            Content::Container(c) => c.write(offset, data)?,
             Content::Plain(file) => {
                 file.write_all_at(data, offset)?;
-                Ok(data.len())
+                data.len()
             }
+        };
+        if killed {
+            self.kernel_attrs_stale(inode); // the mode changed
+        } else {
+            // The kernel drops the file's size, times and blocks itself once a write is answered.
+            inode.kernel_has_attrs.store(false, Ordering::SeqCst);
         }
+        Ok(written)
     }
 
     /// close(2) of one handle: lands what is in memory (errors show here). A reader's close has
@@ -303,15 +307,25 @@ impl DenseFs {
             // Unlinked: nobody can open it again, so its data is not landed (the handles still
             // open read it from memory, and the last close lets it go).
             Handle::File { inode, content, .. } if content.nameless(inode) => Ok(()),
-            Handle::File { content: Content::Container(c), writable: true, .. } => c.flush(),
+            Handle::File { inode, content: Content::Container(c), writable: true } => {
+                c.flush()?;
+                self.publish_lower_changes(inode, c);
+                Ok(())
+            }
             _ => Ok(()),
         }
     }
 
     pub fn fsync(&self, fh: u64, datasync: bool) -> FsResult<()> {
-        match self.file_content(fh)? {
-            Content::Container(c) => c.fsync(datasync),
-            Content::Plain(file) => Ok(if datasync { lower::fdatasync(&file) } else { lower::fsync(&file) }?),
+        let handle = self.handle(fh)?;
+        match &*handle {
+            Handle::File { inode, content: Content::Container(c), .. } => {
+                c.fsync(datasync)?;
+                self.publish_lower_changes(inode, c);
+                Ok(())
+            }
+            Handle::File { content: Content::Plain(file), .. } => Ok(if datasync { lower::fdatasync(file) } else { lower::fsync(file) }?),
+            Handle::Dir { .. } => Err(FsError::errno(libc::EISDIR)),
         }
     }
 
@@ -348,7 +362,11 @@ impl DenseFs {
                 open.content = Some(Content::Container(c));
                 return;
             }
-            self.note_written_back(&mut open);
+            if c.take_lower_changed() {
+                self.lower_changed(inode, &mut open);
+            } else {
+                self.note_written_back(&mut open);
+            }
         }
         // The descriptor stays the inode's (`InodeTable::share`) and from now on serves the
         // daemon's own header reads, which leave the access time alone.
@@ -385,7 +403,10 @@ impl DenseFs {
             Content::Container(c) => c.flush(),
             Content::Plain(_) => Ok(()),
         };
-        self.note_written_back(&mut open);
+        match &content {
+            Content::Container(c) if c.take_lower_changed() => self.lower_changed(&inode.inode, &mut open),
+            _ => self.note_written_back(&mut open),
+        }
         drop(open);
         flushed?;
         result
@@ -398,16 +419,18 @@ impl DenseFs {
         }
     }
 
-    fn kill_privileges(&self, inode: &Node) -> FsResult<()> {
+    /// Whether the mode changed.
+    fn kill_privileges(&self, inode: &Node) -> FsResult<bool> {
         let mode = lower::stat_fd(inode.raw_fd())?.st_mode & 0o7777;
         let mut kill = libc::S_ISUID;
         if mode & libc::S_IXGRP != 0 {
             kill |= libc::S_ISGID;
         }
-        if mode & kill != 0 {
-            lower::chmod(&lower::proc_path(inode.raw_fd()), mode & !kill)?;
+        if mode & kill == 0 {
+            return Ok(false);
         }
-        Ok(())
+        lower::chmod(&lower::proc_path(inode.raw_fd()), mode & !kill)?;
+        Ok(true)
     }
 
     pub fn setattr(&self, nodeid: u64, fh: Option<u64>, set: SetAttr) -> FsResult<Attr> {

@@ -101,6 +101,13 @@ pub struct Inode {
     /// A name of it was removed through densefs (unlink, a rename over it): only then can the
     /// lower file have no name left, which the last close checks (a stat it saves otherwise).
     pub lost_a_name: AtomicBool,
+    /// The kernel may hold this file's attributes from a reply, and the daemon's own writes
+    /// (landing after close, the writeback tick, recompress) would make them stale: set where
+    /// attributes are handed out (`DenseFs::attr_with`), cleared when the kernel is told to drop
+    /// them and by a WRITE (after which the kernel drops them itself).
+    pub kernel_has_attrs: AtomicBool,
+    /// The lower's block count in the last attributes handed out (`DenseFs::attr_with`).
+    pub blocks_told: AtomicU64,
 }
 
 /// `content` is set while handles are open, and also after the last close when writing it back
@@ -124,6 +131,11 @@ impl Inode {
     /// The content of an open file, if some handle has it open.
     pub fn open_content(&self) -> Option<Content> {
         self.open.lock().content.clone()
+    }
+
+    /// The descriptor the table keeps for it, if it keeps one now (none is opened for this).
+    pub fn cached_fd(&self) -> Option<Arc<File>> {
+        self.place.lock().fd.clone()
     }
 }
 
@@ -209,6 +221,8 @@ impl InodeTable {
             closed_size: Mutex::new(None),
             no_capability: AtomicBool::new(false),
             lost_a_name: AtomicBool::new(false),
+            kernel_has_attrs: AtomicBool::new(false),
+            blocks_told: AtomicU64::new(0),
         });
         let mut by_id = HashMap::new();
         by_id.insert(ROOT, Entry { inode: root, lookups: 1 });
@@ -440,6 +454,8 @@ impl InodeTable {
             closed_size: Mutex::new(None),
             no_capability: AtomicBool::new(false),
             lost_a_name: AtomicBool::new(false),
+            kernel_has_attrs: AtomicBool::new(false),
+            blocks_told: AtomicU64::new(0),
         });
         t.by_id.insert(id, Entry { inode: inode.clone(), lookups });
         drop(t);
@@ -563,6 +579,17 @@ impl InodeTable {
         self.get(nodeid).and_then(|inode| inode.place.lock().link.as_ref().map(|(_, name)| name.clone()))
     }
 
+    /// Its lower file was replaced under its name (recompress into a new container): the
+    /// descriptor is closed, so that the node answers ESTALE from now on (its lower inode is
+    /// gone) and the kernel, which retries a path with a fresh LOOKUP on ESTALE, finds the
+    /// new file instead of writing into the old one.
+    pub fn replaced(&self, inode: &Inode) {
+        let fd = inode.place.lock().fd.take();
+        if fd.is_some() {
+            self.open_fds.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+
     pub fn forget(&self, nodeid: u64, n: u64) {
         if nodeid == ROOT {
             return;
@@ -608,8 +635,7 @@ impl InodeTable {
 
     /// Inodes whose content is in memory with no handle open: data a failed close left behind.
     pub fn unwritten(&self) -> Vec<Arc<Inode>> {
-        let inodes: Vec<Arc<Inode>> = self.inner.lock().by_id.values().map(|e| e.inode.clone()).collect();
-        inodes
+        self.inodes()
             .into_iter()
             .filter(|inode| {
                 let open = inode.open.lock();
@@ -620,10 +646,14 @@ impl InodeTable {
 
     /// Every inode with content open (for a final flush).
     pub fn open_contents(&self) -> Vec<Content> {
+        self.inodes().iter().filter_map(|inode| inode.open_content()).collect()
+    }
+
+    /// Every inode the table holds.
+    pub fn inodes(&self) -> Vec<Arc<Inode>> {
         // Collect first: an inode's `open` lock is taken before this table's lock elsewhere
         // (opening resolves properties up the parent chain), never after it.
-        let inodes: Vec<Arc<Inode>> = self.inner.lock().by_id.values().map(|e| e.inode.clone()).collect();
-        inodes.iter().filter_map(|inode| inode.open_content()).collect()
+        self.inner.lock().by_id.values().map(|e| e.inode.clone()).collect()
     }
 }
 

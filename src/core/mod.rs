@@ -150,10 +150,26 @@ pub struct DenseFs {
     daemon_ids: (u32, u32),
     /// The last report computed for a size probe: (node, name, when, JSON).
     last_report: Mutex<Option<CachedReport>>,
-    /// Counts the times a content wrote a file back and let go of it (a last close): read
-    /// before a lower stat, it tells `attr_with` whether that stat may predate such a write.
+    /// Counts the daemon's own writes to files (a last close writing one back, landings the
+    /// writeback tick published): read before a lower stat, it tells `attr_with` whether that
+    /// stat may predate such a write.
     written_back: AtomicU64,
+    /// Tells the kernel to drop a file's attributes (set by the FUSE adapter, which lets the
+    /// kernel keep attributes long, `fuse::TTL`): the daemon is the only writer of the lower,
+    /// so only its own writes behind a reply's back can outdate them.
+    drop_kernel_attrs: std::sync::OnceLock<Box<dyn Fn(u64) + Send + Sync>>,
+    /// How many times the kernel was told so (`user.densefs.engine`: `kernel.attr_drops`).
+    kernel_attr_drops: AtomicU64,
+    /// Files the daemon wrote lately, until when their lower file system may still change
+    /// their block count on its own (`LOWER_SETTLE`): the writeback tick compares it with what
+    /// the kernel was told.
+    settling: Mutex<Vec<(Arc<Inode>, std::time::Instant)>>,
 }
+
+/// How long after the daemon writes a file its lower file system may still change the file's
+/// block count on its own: ext4 allocates at writeback (30 s after the write, by default), and
+/// its extent blocks count in st_blocks from then on.
+const LOWER_SETTLE: Duration = Duration::from_secs(60);
 
 fn time(sec: i64, nsec: i64) -> SystemTime {
     if sec >= 0 {
@@ -188,6 +204,9 @@ impl DenseFs {
             handles: Mutex::new(HashMap::new()),
             next_handle: AtomicU64::new(1),
             written_back: AtomicU64::new(0),
+            drop_kernel_attrs: std::sync::OnceLock::new(),
+            kernel_attr_drops: AtomicU64::new(0),
+            settling: Mutex::new(Vec::new()),
             daemon_ids: (lower::geteuid(), lower::getegid()),
             last_report: Mutex::new(None),
         })
@@ -271,9 +290,64 @@ impl DenseFs {
         self.written_back.load(Ordering::SeqCst)
     }
 
-    /// A content wrote `open`'s file back and lets go of it (the caller holds its `open` lock).
+    /// The daemon wrote `open`'s file (the caller holds its `open` lock): a content wrote it
+    /// back and let go of it, or published its landings.
     fn note_written_back(&self, open: &mut OpenState) {
         open.written_back_at = self.written_back.fetch_add(1, Ordering::SeqCst) + 1;
+    }
+
+    /// How the kernel is told to drop a file's attributes (the FUSE adapter's notifier).
+    pub fn on_kernel_attrs_stale(&self, drop_attrs: Box<dyn Fn(u64) + Send + Sync>) {
+        let _ = self.drop_kernel_attrs.set(drop_attrs);
+    }
+
+    /// The daemon's own writes changed `inode`'s lower file (the caller holds its `open` lock):
+    /// a stat taken before is taken again (`attr_with`), and attributes the kernel holds
+    /// from an earlier reply are dropped.
+    fn lower_changed(&self, inode: &Arc<Inode>, open: &mut OpenState) {
+        self.note_written_back(open);
+        self.kernel_attrs_stale(inode);
+        self.settling.lock().push((inode.clone(), std::time::Instant::now() + LOWER_SETTLE));
+    }
+
+    /// Files whose lower block count moved on its own since the kernel was told it (the lower
+    /// allocating at its writeback): the kernel drops their attributes. Run by the tick.
+    fn recheck_settling(&self) {
+        let now = std::time::Instant::now();
+        let mut settling = std::mem::take(&mut *self.settling.lock());
+        // One entry per file, the latest deadline kept.
+        settling.sort_unstable_by_key(|(inode, until)| (inode.nodeid, std::cmp::Reverse(*until)));
+        settling.dedup_by_key(|(inode, _)| inode.nodeid);
+        settling.retain(|(inode, until)| {
+            if inode.kernel_has_attrs.load(Ordering::SeqCst) {
+                let blocks = inode
+                    .cached_fd()
+                    .and_then(|fd| lower::stat_fd(std::os::fd::AsRawFd::as_raw_fd(&*fd)).ok())
+                    .map(|st| st.st_blocks as u64);
+                if blocks.is_some_and(|b| b != inode.blocks_told.load(Ordering::SeqCst)) {
+                    self.kernel_attrs_stale(inode);
+                }
+            }
+            *until > now
+        });
+        self.settling.lock().extend(settling);
+    }
+
+    /// Attributes the kernel may hold of `inode` went stale: it is told to drop them.
+    fn kernel_attrs_stale(&self, inode: &Inode) {
+        if inode.kernel_has_attrs.swap(false, Ordering::SeqCst) {
+            if let Some(drop_attrs) = self.drop_kernel_attrs.get() {
+                self.kernel_attr_drops.fetch_add(1, Ordering::Relaxed);
+                drop_attrs(inode.nodeid);
+            }
+        }
+    }
+
+    /// Publishes what the daemon's own writes changed in `c`'s file since the last call.
+    fn publish_lower_changes(&self, inode: &Arc<Inode>, c: &container::Container) {
+        if c.take_lower_changed() {
+            self.lower_changed(inode, &mut inode.open.lock());
+        }
     }
 
     /// The attributes of `inode`, whose lower status `st` the caller just read, having read
@@ -284,9 +358,14 @@ impl DenseFs {
         // A last close may have written the file back (say, emptied it) after that stat: the
         // header read below would then not match the stat, and the kernel would keep a size
         // the file no longer has. Its `open` lock, held, waits for a close under way.
+        if open.is_some() {
+            // Under the `open` lock, which `lower_changed` holds: either it comes after this
+            // and drops what this reply tells, or before it and this stat is taken again.
+            inode.kernel_has_attrs.store(true, Ordering::SeqCst);
+        }
         let restat;
         let st = match &open {
-            Some(open) if open.content.is_none() && open.written_back_at > before => {
+            Some(open) if open.written_back_at > before => {
                 restat = lower::stat_fd(inode.raw_fd())?;
                 &restat
             }
@@ -317,6 +396,7 @@ impl DenseFs {
                 }
             }
         }
+        inode.blocks_told.store(st.st_blocks as u64, Ordering::SeqCst);
         Ok(Attr {
             ino: inode.nodeid,
             size,
@@ -398,6 +478,17 @@ impl DenseFs {
                 }
             }
         }
+        self.recheck_settling();
+        // What landed since the last tick (this tick's own landings are published by the next).
+        for inode in self.inodes.inodes() {
+            // A busy file is published by the next tick (or its close).
+            let Some(mut open) = inode.open.try_lock() else { continue };
+            if let Some(Content::Container(c)) = open.content.clone() {
+                if c.take_lower_changed() {
+                    self.lower_changed(&inode, &mut open);
+                }
+            }
+        }
         self.retry_unwritten();
     }
 
@@ -414,7 +505,7 @@ impl DenseFs {
             match c.sync(true) {
                 Ok(()) => {
                     open.content = None;
-                    self.note_written_back(&mut open);
+                    self.lower_changed(&inode, &mut open);
                     drop(open);
                     tracing::info!(inode = inode.nodeid, "data kept after a failed close is now written");
                     self.inodes.forget(inode.nodeid, 0);

@@ -9,7 +9,7 @@
 //! error saying why.
 
 use super::container::Container;
-use super::inodes::Content;
+use super::inodes::{Content, Node};
 use super::lower::{self, cstr};
 use super::props::PropertyValues;
 use super::{DenseFs, FsError, FsResult};
@@ -26,6 +26,13 @@ impl DenseFs {
     /// inode's remembered name may be stale).
     pub fn recompress(&self, nodeid: u64, spec: &str) -> FsResult<()> {
         let node = self.inode(nodeid)?;
+        self.recompress_node(&node, spec)?;
+        self.lower_changed(&node.inode, &mut node.open.lock());
+        Ok(())
+    }
+
+    fn recompress_node(&self, node: &Node, spec: &str) -> FsResult<()> {
+        let nodeid = node.nodeid;
         if node.kind != libc::S_IFREG {
             return Err(FsError::new(libc::EINVAL, "only regular files are recompressed"));
         }
@@ -38,7 +45,7 @@ impl DenseFs {
                 c.make_writable(node.raw_fd())?; // readers may have it open read-only
                 c.clone()
             }
-            None => self.load_content(&node, true, None)?,
+            None => self.load_content(node, true, None)?,
         };
         if let Content::Container(c) = &content {
             if c.layout() == settings.layout {
@@ -78,7 +85,7 @@ impl DenseFs {
                 settings.record_policy(),
                 self.engine.clone(),
                 self.memory.clone(),
-                Some(self.label(&node)),
+                Some(self.label(node)),
             )?);
             let mut at = 0;
             while at < size {
@@ -111,6 +118,9 @@ impl DenseFs {
         }
         // The old inode's content is gone from this name; forget what was loaded for it.
         open.content = None;
+        if result.is_ok() {
+            self.inodes.replaced(node);
+        }
         result
     }
 }

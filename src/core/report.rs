@@ -289,6 +289,8 @@ impl DenseFs {
         value["memory"] = serde_json::json!({"used": used, "limit": limit});
         let (known, open_fds) = self.inodes.census();
         value["inodes"] = serde_json::json!({"known": known, "descriptors": open_fds});
+        // Times the kernel was told to drop a file's attributes after the daemon's own writes.
+        value["kernel"] = serde_json::json!({"attr_drops": self.kernel_attr_drops.load(std::sync::atomic::Ordering::Relaxed)});
         value.to_string()
     }
 
