@@ -464,9 +464,23 @@ impl DenseFs {
                 Some(Content::Container(c)) => c.set_times(set.mtime.is_some(), set_times)?,
                 _ => set_times()?,
             };
+            self.lower_changes_told_by_reply(&inode);
             return self.attr_with(&inode, &st, before);
         }
+        self.lower_changes_told_by_reply(&inode);
         self.attr_of(&inode)
+    }
+
+    /// A SETATTR's reply replaces the attributes the kernel holds of the file, so the daemon's
+    /// own writes so far (the landing a utimensat waits for, tar's or `cp -p`'s before their
+    /// close) are told by it and need no notice at the close. Called before the reply's stat
+    /// (`attr_with` takes an earlier one again).
+    fn lower_changes_told_by_reply(&self, inode: &Node) {
+        if let Some(Content::Container(c)) = inode.open_content() {
+            if c.take_lower_changed() {
+                self.note_written_back(&mut inode.open.lock());
+            }
+        }
     }
 
     pub fn fallocate(&self, fh: u64, offset: u64, len: u64, mode: i32) -> FsResult<()> {
