@@ -155,15 +155,15 @@ pub struct DenseFs {
     /// stat may predate such a write.
     written_back: AtomicU64,
     /// Tells the kernel to drop a file's attributes (set by the FUSE adapter, which lets the
-    /// kernel keep attributes long, `fuse::TTL`): the daemon is the only writer of the lower,
+    /// kernel keep attributes long, `fuse::WRITABLE_TTL`): the daemon is the only writer of the lower,
     /// so only its own writes behind a reply's back can outdate them.
     drop_kernel_attrs: std::sync::OnceLock<Box<dyn Fn(u64) + Send + Sync>>,
     /// How many times the kernel was told so (`user.densefs.engine`: `kernel.attr_drops`).
     kernel_attr_drops: AtomicU64,
     /// Files the daemon wrote lately, until when their lower file system may still change
     /// their block count on its own (`LOWER_SETTLE`): the writeback tick compares it with what
-    /// the kernel was told.
-    settling: Mutex<Vec<(Arc<Inode>, std::time::Instant)>>,
+    /// the kernel was told. Weak: a file the kernel forgot has no attributes there to drop.
+    settling: Mutex<Vec<(std::sync::Weak<Inode>, std::time::Instant)>>,
 }
 
 /// How long after the daemon writes a file its lower file system may still change the file's
@@ -307,18 +307,20 @@ impl DenseFs {
     fn lower_changed(&self, inode: &Arc<Inode>, open: &mut OpenState) {
         self.note_written_back(open);
         self.kernel_attrs_stale(inode);
-        self.settling.lock().push((inode.clone(), std::time::Instant::now() + LOWER_SETTLE));
+        self.settling.lock().push((Arc::downgrade(inode), std::time::Instant::now() + LOWER_SETTLE));
     }
 
     /// Files whose lower block count moved on its own since the kernel was told it (the lower
     /// allocating at its writeback): the kernel drops their attributes. Run by the tick.
     fn recheck_settling(&self) {
         let now = std::time::Instant::now();
-        let mut settling = std::mem::take(&mut *self.settling.lock());
+        let taken = std::mem::take(&mut *self.settling.lock());
+        let mut settling: Vec<_> =
+            taken.into_iter().filter(|(_, until)| *until > now).filter_map(|(w, until)| Some((w.upgrade()?, until))).collect();
         // One entry per file, the latest deadline kept.
         settling.sort_unstable_by_key(|(inode, until)| (inode.nodeid, std::cmp::Reverse(*until)));
         settling.dedup_by_key(|(inode, _)| inode.nodeid);
-        settling.retain(|(inode, until)| {
+        for (inode, _) in &settling {
             if inode.kernel_has_attrs.load(Ordering::SeqCst) {
                 let blocks = inode
                     .cached_fd()
@@ -328,9 +330,8 @@ impl DenseFs {
                     self.kernel_attrs_stale(inode);
                 }
             }
-            *until > now
-        });
-        self.settling.lock().extend(settling);
+        }
+        self.settling.lock().extend(settling.into_iter().map(|(inode, until)| (Arc::downgrade(&inode), until)));
     }
 
     /// Attributes the kernel may hold of `inode` went stale: it is told to drop them.
@@ -481,12 +482,8 @@ impl DenseFs {
         self.recheck_settling();
         // What landed since the last tick (this tick's own landings are published by the next).
         for inode in self.inodes.inodes() {
-            // A busy file is published by the next tick (or its close).
-            let Some(mut open) = inode.open.try_lock() else { continue };
-            if let Some(Content::Container(c)) = open.content.clone() {
-                if c.take_lower_changed() {
-                    self.lower_changed(&inode, &mut open);
-                }
+            if let Some(Content::Container(c)) = inode.open_content() {
+                self.publish_lower_changes(&inode, &c);
             }
         }
         self.retry_unwritten();
