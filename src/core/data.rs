@@ -476,9 +476,10 @@ impl DenseFs {
     /// close) are told by it and need no notice at the close. Called before the reply's stat
     /// (`attr_with` takes an earlier one again).
     fn lower_changes_told_by_reply(&self, inode: &Node) {
-        if let Some(Content::Container(c)) = inode.open_content() {
+        let mut open = inode.open.lock();
+        if let Some(Content::Container(c)) = &open.content {
             if c.take_lower_changed() {
-                self.note_written_back(&mut inode.open.lock());
+                self.note_written_back(&mut open);
             }
         }
     }

@@ -163,7 +163,8 @@ pub struct DenseFs {
     /// Files the daemon wrote lately, until when their lower file system may still change
     /// their block count on its own (`LOWER_SETTLE`): the writeback tick compares it with what
     /// the kernel was told. Weak: a file the kernel forgot has no attributes there to drop.
-    settling: Mutex<Vec<(std::sync::Weak<Inode>, std::time::Instant)>>,
+    /// By node id; written again, a file's deadline moves.
+    settling: Mutex<HashMap<u64, (std::sync::Weak<Inode>, std::time::Instant)>>,
 }
 
 /// How long after the daemon writes a file its lower file system may still change the file's
@@ -206,7 +207,7 @@ impl DenseFs {
             written_back: AtomicU64::new(0),
             drop_kernel_attrs: std::sync::OnceLock::new(),
             kernel_attr_drops: AtomicU64::new(0),
-            settling: Mutex::new(Vec::new()),
+            settling: Mutex::new(HashMap::new()),
             daemon_ids: (lower::geteuid(), lower::getegid()),
             last_report: Mutex::new(None),
         })
@@ -307,31 +308,32 @@ impl DenseFs {
     fn lower_changed(&self, inode: &Arc<Inode>, open: &mut OpenState) {
         self.note_written_back(open);
         self.kernel_attrs_stale(inode);
-        self.settling.lock().push((Arc::downgrade(inode), std::time::Instant::now() + LOWER_SETTLE));
+        self.settling.lock().insert(inode.nodeid, (Arc::downgrade(inode), std::time::Instant::now() + LOWER_SETTLE));
     }
 
     /// Files whose lower block count moved on its own since the kernel was told it (the lower
     /// allocating at its writeback): the kernel drops their attributes. Run by the tick.
     fn recheck_settling(&self) {
         let now = std::time::Instant::now();
-        let taken = std::mem::take(&mut *self.settling.lock());
-        let mut settling: Vec<_> =
-            taken.into_iter().filter(|(_, until)| *until > now).filter_map(|(w, until)| Some((w.upgrade()?, until))).collect();
-        // One entry per file, the latest deadline kept.
-        settling.sort_unstable_by_key(|(inode, until)| (inode.nodeid, std::cmp::Reverse(*until)));
-        settling.dedup_by_key(|(inode, _)| inode.nodeid);
-        for (inode, _) in &settling {
+        // Checked with the list unlocked: landings add to it meanwhile.
+        let mut settling = std::mem::take(&mut *self.settling.lock());
+        settling.retain(|_, (file, until)| {
+            let Some(inode) = file.upgrade().filter(|_| *until > now) else { return false };
             if inode.kernel_has_attrs.load(Ordering::SeqCst) {
                 let blocks = inode
                     .cached_fd()
                     .and_then(|fd| lower::stat_fd(std::os::fd::AsRawFd::as_raw_fd(&*fd)).ok())
                     .map(|st| st.st_blocks as u64);
                 if blocks.is_some_and(|b| b != inode.blocks_told.load(Ordering::SeqCst)) {
-                    self.kernel_attrs_stale(inode);
+                    self.kernel_attrs_stale(&inode);
                 }
             }
+            true
+        });
+        let mut current = self.settling.lock();
+        for (nodeid, entry) in settling {
+            current.entry(nodeid).or_insert(entry); // one added meanwhile has the later deadline
         }
-        self.settling.lock().extend(settling.into_iter().map(|(inode, until)| (Arc::downgrade(&inode), until)));
     }
 
     /// Attributes the kernel may hold of `inode` went stale: it is told to drop them.
@@ -467,8 +469,8 @@ impl DenseFs {
     }
 
     pub fn writeback_tick(&self) {
-        for content in self.inodes.open_contents() {
-            if let Content::Container(c) = content {
+        for inode in self.inodes.inodes() {
+            if let Some(Content::Container(c)) = inode.open_content() {
                 if let Err(e) = c.writeback() {
                     tracing::warn!("background writeback: {e}");
                 }
@@ -477,15 +479,11 @@ impl DenseFs {
                 if let Err(e) = c.settle_interim(false) {
                     tracing::warn!("re-encoding records an fsync landed: {e}");
                 }
-            }
-        }
-        self.recheck_settling();
-        // What landed since the last tick (this tick's own landings are published by the next).
-        for inode in self.inodes.inodes() {
-            if let Some(Content::Container(c)) = inode.open_content() {
+                // What landed so far (the landings this tick started are published by the next).
                 self.publish_lower_changes(&inode, &c);
             }
         }
+        self.recheck_settling();
         self.retry_unwritten();
     }
 

@@ -103,10 +103,9 @@ pub struct StoreState {
     ctime: Option<libc::timespec>,
     /// The lower's mtime may differ from `mtime`.
     mtime_to_restore: bool,
-    /// The daemon's own changes to the lower file (each write, punch and put-back mtime move
-    /// its blocks or ctime), and how many of them `take_unpublished_changes` has reported.
-    changes: u64,
-    published_changes: u64,
+    /// The daemon changed the lower file (a write, a punch or a put-back mtime moves its blocks
+    /// or ctime) since `take_unpublished_changes` last reported it.
+    unpublished_changes: bool,
     /// A new file's block 0 while its first landing assembles it ([`Store::gather_block_0`]).
     gathered: Option<GatheredBlock>,
 }
@@ -136,15 +135,13 @@ impl StoreState {
     fn touch(&mut self) {
         self.wrote = true;
         self.mtime_to_restore = true;
-        self.changes += 1;
+        self.unpublished_changes = true;
     }
 
     /// Whether the daemon changed the lower file since the last call: attributes read before
     /// (blocks, ctime) may be stale.
     pub fn take_unpublished_changes(&mut self) -> bool {
-        let changed = self.changes != self.published_changes;
-        self.published_changes = self.changes;
-        changed
+        std::mem::take(&mut self.unpublished_changes)
     }
 
     /// A user operation changed the file now: mtime and ctime move, as ext4 sets them.
@@ -349,8 +346,7 @@ impl Store {
             mtime,
             ctime: None,
             mtime_to_restore: false,
-            changes: 0,
-            published_changes: 0,
+            unpublished_changes: false,
             gathered: None,
         };
         (Store { lower, layout: header.layout, checksum: header.checksum, label }, state)
@@ -403,7 +399,7 @@ impl Store {
         }
         let times = [libc::timespec { tv_sec: 0, tv_nsec: libc::UTIME_OMIT }, st.mtime];
         match lower::futimens(&self.lower, &times) {
-            Ok(()) => st.changes += 1, // the ctime moved
+            Ok(()) => st.unpublished_changes = true, // the ctime moved
             Err(e) => warn!(file = %self.label(), "cannot keep the modification time: {e}"),
         }
         st.mtime_to_restore = false;
