@@ -488,9 +488,10 @@ def workloads_md(md, r, res):
     bd = {x["system"]: x for x in res.get("bigdir", []) if "create" in x}
     if not (sf or br or fs or bd):
         return
-    steps = [("untar", "untar + sync"), ("stat", "lstat every file warm"), ("ls", "ls -lR cold"),
-             ("cat", "cat every file cold"), ("rm", "rm -rf + sync")]
-    # Runs from before a step existed (the warm lstat came with issue 13's long attribute timeouts).
+    steps = [("untar", "untar + sync"), ("stat", "lstat every file warm"), ("walk", "du + find warm"),
+             ("ls", "ls -lR cold"), ("cat", "cat every file cold"), ("rm", "rm -rf + sync")]
+    # Runs from before a step existed (the warm lstat came with issue 13's long attribute timeouts,
+    # the warm walk with the kernel's directory cache).
     steps = [(k, t) for k, t in steps if all(k in x for x in [*sf.values(), *sf1.values()])]
 
     def vs(d, b, get, time):
@@ -581,6 +582,8 @@ def workloads_md(md, r, res):
                   f"{x.get('runs', 1)} time(s): `tar xf TREE -C DIR` then `sync`; "
                   + ("2 s later, `lstat` of every file by its path (what make or git status does; names and "
                      "attributes seen before) warm; " if any(k == "stat" for k, _ in steps) else "") +
+                  ("`du -s DIR` then `find DIR -newer LIST` warm (what backup, build and search tools do: "
+                   "every directory read, every entry stat'd); " if any(k == "walk" for k, _ in steps) else "") +
                   "`ls -lR DIR > /dev/null` cold; "
                   "`find DIR -type f -print0 | xargs -0 cat > /dev/null` cold; `rm -rf DIR` then `sync`. Cold: the "
                   "daemon's own caches dropped (densefs and bindfs remounted, the zfs-fuse pool exported and "

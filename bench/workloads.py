@@ -1,7 +1,8 @@
 """Issue 13's workloads, run by harness.py beside the same peers (its systems, setup/teardown, cold()):
   7 smallfiles  a tree of many small files (a tar of /usr/include + /usr/share/doc; --quick:
                 /usr/include/linux): untar + sync, lstat of every file warm (2 s later, as make or
-                git status does), ls -lR cold, cat every file cold, rm -rf + sync;
+                git status does), `du -s` + `find -newer` warm, ls -lR cold, cat every file cold,
+                rm -rf + sync;
                 the median of --reps, the tree checked once against the tar (`tar --diff`) after a cold remount
   8 bigread     a --big-size MiB FASTQ copied in (fsync + sync), then `cat FILE > /dev/null` cold;
                 the median MB/s of --reps
@@ -108,12 +109,12 @@ def timed(system, cpus, cold, fn):
 
 
 def exp_smallfiles(system, tar, info, cpus, reps):
-    """7: untar + sync, lstat of every file warm, ls -lR cold, cat every file cold, rm -rf + sync; `reps`
-    times, the medians kept. After the first untar the tree is compared with the tar (contents, modes,
+    """7: untar + sync, lstat of every file warm, du + find warm, ls -lR cold, cat every file cold, rm -rf
+    + sync; `reps` times, the medians kept. After the first untar the tree is compared with the tar (contents, modes,
     owners, times, links)."""
     d = system.path / "tree"
     h.warm(tar)
-    steps = {"untar": [], "stat": [], "ls": [], "cat": [], "rm": []}
+    steps = {"untar": [], "stat": [], "walk": [], "ls": [], "cat": [], "rm": []}
     check = {}
     listing = system.path.parent / "tree-files.txt"  # outside the file system under test
 
@@ -138,6 +139,12 @@ def exp_smallfiles(system, tar, info, cpus, reps):
         h.run(["python3", "-c", "import os, sys\nfor p in open(sys.argv[1]).read().split('\\0')[:-1]: os.lstat(p)",
                str(listing)], timeout=None)
 
+    def walk():
+        # What backup, build and search tools do: read every directory and stat every entry
+        # (listings, names and attributes seen before).
+        h.run(["du", "-s", str(d)], stdout=subprocess.DEVNULL, timeout=None)
+        h.run(["find", str(d), "-newer", str(listing)], stdout=subprocess.DEVNULL, timeout=None)
+
     try:
         for i in range(reps):
             d.mkdir()
@@ -146,6 +153,7 @@ def exp_smallfiles(system, tar, info, cpus, reps):
                 f.writelines(os.path.join(top, n) + "\0" for top, _, names in os.walk(d) for n in names)
             time.sleep(2)
             steps["stat"].append(timed(system, cpus, False, stat_all))
+            steps["walk"].append(timed(system, cpus, False, walk))
             steps["ls"].append(timed(system, cpus, True, lambda: h.run(["ls", "-lR", str(d)], stdout=subprocess.DEVNULL,
                                                                       timeout=None)))
             steps["cat"].append(timed(system, cpus, True, cat))
@@ -163,8 +171,9 @@ def exp_smallfiles(system, tar, info, cpus, reps):
             steps["rm"].append(timed(system, cpus, False, rm))
         rec = medians(steps)
         rec.update(check, runs=reps)
-        u, st, ls, c, r = (rec[k]["seconds"] for k in ("untar", "stat", "ls", "cat", "rm"))
-        h.log(f"{system.name:18} smallfiles x{reps}: untar {u:6.2f}s stat {st:5.2f}s ls -lR {ls:5.2f}s cat {c:6.2f}s "
+        u, st, wk, ls, c, r = (rec[k]["seconds"] for k in ("untar", "stat", "walk", "ls", "cat", "rm"))
+        h.log(f"{system.name:18} smallfiles x{reps}: untar {u:6.2f}s stat {st:5.2f}s walk {wk:5.2f}s ls -lR {ls:5.2f}s "
+              f"cat {c:6.2f}s "
               f"rm {r:5.2f}s "
               f"{'verified' if rec.get('verified') else 'DIFFERS: ' + ' / '.join(rec.get('verify_diff', []))[:200]}")
     except Exception as e:

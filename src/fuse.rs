@@ -12,12 +12,13 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-/// How long the kernel keeps entries and attributes of a writable mount. Every change to the
-/// lower goes through the daemon (one writer per lower directory, README "multihost"), and
-/// the kernel drops what a request changes; what the daemon changes on its own (blocks and
-/// ctime as records land after a reply) it drops on the daemon's word
-/// (`DenseFs::on_kernel_attrs_stale`). So a warm `stat` or `git status` asks the daemon
-/// nothing, where a 1 s timeout cost a LOOKUP or GETATTR per file each time.
+/// How long the kernel keeps entries and attributes of a writable mount, which also lets it keep
+/// directory listings (FOPEN_CACHE_DIR). Every change to the lower goes through the daemon (one
+/// writer per lower directory, README "multihost"), and the kernel drops what a request changes;
+/// what the daemon changes on its own (blocks and ctime as records land after a reply, the entry
+/// recompress renames over) it drops on the daemon's word (`DenseFs::on_kernel_cache_stale`).
+/// So a warm `stat`, `git status`, `find` or `du` asks the daemon nothing, where a 1 s timeout
+/// cost a LOOKUP or GETATTR per file and a READDIRPLUS per directory each time.
 const WRITABLE_TTL: Duration = Duration::from_secs(3600);
 /// A read-only mount may look at a lower another machine's densefs writes (`-o ro` is allowed
 /// beside it): names and attributes are asked again after a second.
@@ -34,6 +35,9 @@ pub struct FuseAdapter {
     fs: Arc<DenseFs>,
     /// WRITABLE_TTL or READ_ONLY_TTL.
     ttl: Duration,
+    /// What an OPENDIR answers: a writable mount lets the kernel keep listings until a change
+    /// (its own, or the daemon's notice) outdates them; a read-only one lists afresh each time.
+    opendir_flags: FopenFlags,
     /// The mount's `read_ahead_kb` in sysfs, written once INIT is done (the kernel sets it at
     /// INIT); taken by the first open.
     read_ahead_knob: Arc<parking_lot::Mutex<Option<std::path::PathBuf>>>,
@@ -41,8 +45,12 @@ pub struct FuseAdapter {
 
 impl FuseAdapter {
     pub fn new(fs: Arc<DenseFs>, read_only: bool) -> FuseAdapter {
-        let ttl = if read_only { READ_ONLY_TTL } else { WRITABLE_TTL };
-        FuseAdapter { fs, ttl, read_ahead_knob: Arc::default() }
+        let (ttl, opendir_flags) = if read_only {
+            (READ_ONLY_TTL, FopenFlags::empty())
+        } else {
+            (WRITABLE_TTL, FopenFlags::FOPEN_CACHE_DIR | FopenFlags::FOPEN_KEEP_CACHE)
+        };
+        FuseAdapter { fs, ttl, opendir_flags, read_ahead_knob: Arc::default() }
     }
 
     /// Where to raise the mount's read-ahead to [`READ_AHEAD_KB`] (`/sys/class/bdi/MAJ:MIN/read_ahead_kb`),
@@ -332,7 +340,7 @@ impl Filesystem for FuseAdapter {
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
         match self.fs.opendir(ino.0) {
-            Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::empty()),
+            Ok(fh) => reply.opened(FileHandle(fh), self.opendir_flags),
             Err(e) => reply.error(errno("opendir", e)),
         }
     }

@@ -595,3 +595,59 @@ fn a_writable_mount_keeps_attributes_and_a_read_only_one_asks_again() {
         m.unmount();
     }
 }
+
+/// Names and inode numbers of a directory as readdir gives them.
+fn listing(dir: &Path) -> BTreeMap<String, u64> {
+    use std::os::unix::fs::DirEntryExt;
+    fs::read_dir(dir).unwrap().map(|e| e.unwrap()).map(|e| (e.file_name().into_string().unwrap(), e.ino())).collect()
+}
+
+/// A writable mount lets the kernel keep directory listings: each listing must still show
+/// every change made through the mount since the last, and the inode number each name leads
+/// to now, also after a recompress moved a file into a new lower file under its name.
+#[test]
+fn listings_the_kernel_keeps_follow_every_change() {
+    let d = Dirs::new();
+    let m = Mount::new(&d.lower, &d.mnt, "compression=lz4");
+    let dir = m.path("d");
+    fs::create_dir(&dir).unwrap();
+    let data = compressible(50_000, 5);
+    for i in 0..40 {
+        fs::write(dir.join(format!("f{i}")), &data).unwrap();
+    }
+    let agrees = |when: &str| {
+        let listed = listing(&dir);
+        let lower: std::collections::BTreeSet<String> =
+            fs::read_dir(d.lower.join("d")).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+        assert_eq!(listed.keys().cloned().collect::<std::collections::BTreeSet<_>>(), lower, "{when}: names listed");
+        for (name, ino) in &listed {
+            let st = fs::symlink_metadata(dir.join(name)).unwrap();
+            assert_eq!(*ino, st.ino(), "{when}: {name} listed with another inode than stat gives");
+        }
+    };
+    agrees("first listing");
+    agrees("second listing");
+    fs::write(dir.join("new"), b"x").unwrap();
+    agrees("after a create");
+    fs::remove_file(dir.join("f3")).unwrap();
+    agrees("after an unlink");
+    fs::rename(dir.join("f4"), dir.join("f4-renamed")).unwrap();
+    agrees("after a rename");
+    fs::rename(dir.join("f5"), m.path("f5-moved-out")).unwrap();
+    agrees("after a rename out");
+    fs::rename(dir.join("f6"), dir.join("f7")).unwrap();
+    agrees("after a rename over a name");
+    fs::hard_link(dir.join("f8"), dir.join("f8-link")).unwrap();
+    std::os::unix::fs::symlink("f9", dir.join("f9-link")).unwrap();
+    fs::create_dir(dir.join("sub")).unwrap();
+    agrees("after link, symlink and mkdir");
+    fs::remove_dir(dir.join("sub")).unwrap();
+    agrees("after rmdir");
+    let old = listing(&dir)["f10"];
+    let out = Command::new(BIN).args(["recompress", "-o", "recordsize=16K"]).arg(dir.join("f10")).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_ne!(fs::metadata(dir.join("f10")).unwrap().ino(), old, "recompress kept the lower inode");
+    agrees("after a recompress into a new lower file");
+    assert_eq!(fs::read(dir.join("f10")).unwrap(), data);
+    m.unmount();
+}

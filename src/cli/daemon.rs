@@ -5,7 +5,7 @@ use super::is_root;
 use super::mount::{cpath, detach};
 use super::mount_options::{IoUringMode, MountConfig};
 use super::owner::{Lease, HEARTBEAT};
-use crate::core::DenseFs;
+use crate::core::{DenseFs, KernelCache};
 use crate::engine::{Engine, Offload};
 use crate::fuse::FuseAdapter;
 use fuser::{MountOption, SessionACL};
@@ -191,9 +191,14 @@ pub(super) fn serve(
         ));
     }
     let notifier = session.notifier();
-    fs.on_kernel_attrs_stale(Box::new(move |ino| {
+    fs.on_kernel_cache_stale(Box::new(move |ino, what| {
+        // Offset -1: attributes only; 0 (length 0: all): a directory's cached listing too.
+        let offset = match what {
+            KernelCache::Attrs => -1,
+            KernelCache::Listing => 0,
+        };
         // ENOENT: the kernel no longer holds the inode.
-        let _ = notifier.inval_inode(fuser::INodeNo(ino), -1, 0);
+        let _ = notifier.inval_inode(fuser::INodeNo(ino), offset, 0);
     }));
     if let Some(mount) = super::mountinfo::densefs_mount_at(mountpoint) {
         *read_ahead_knob.lock() = Some(PathBuf::from(format!("/sys/class/bdi/{}/read_ahead_kb", mount.device)));

@@ -154,10 +154,10 @@ pub struct DenseFs {
     /// writeback tick published): read before a lower stat, it tells `attr_with` whether that
     /// stat may predate such a write.
     written_back: AtomicU64,
-    /// Tells the kernel to drop a file's attributes (set by the FUSE adapter, which lets the
-    /// kernel keep attributes long, `fuse::WRITABLE_TTL`): the daemon is the only writer of the lower,
-    /// so only its own writes behind a reply's back can outdate them.
-    drop_kernel_attrs: std::sync::OnceLock<Box<dyn Fn(u64) + Send + Sync>>,
+    /// Tells the kernel to drop what it keeps of a node (set by the FUSE adapter, which lets the
+    /// kernel keep attributes and listings long, `fuse::WRITABLE_TTL`): the daemon is the only
+    /// writer of the lower, so only its own changes behind a reply's back can outdate them.
+    drop_kernel_cache: std::sync::OnceLock<Box<dyn Fn(u64, KernelCache) + Send + Sync>>,
     /// How many times the kernel was told so (`user.densefs.engine`: `kernel.attr_drops`).
     kernel_attr_drops: AtomicU64,
     /// Files the daemon wrote lately, until when their lower file system may still change
@@ -165,6 +165,15 @@ pub struct DenseFs {
     /// the kernel was told. Weak: a file the kernel forgot has no attributes there to drop.
     /// By node id; written again, a file's deadline moves.
     settling: Mutex<HashMap<u64, (std::sync::Weak<Inode>, std::time::Instant)>>,
+}
+
+/// What the kernel keeps of a node that the daemon can tell it to drop.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KernelCache {
+    /// A file's attributes.
+    Attrs,
+    /// A directory's listing (and its attributes).
+    Listing,
 }
 
 /// How long after the daemon writes a file its lower file system may still change the file's
@@ -205,7 +214,7 @@ impl DenseFs {
             handles: Mutex::new(HashMap::new()),
             next_handle: AtomicU64::new(1),
             written_back: AtomicU64::new(0),
-            drop_kernel_attrs: std::sync::OnceLock::new(),
+            drop_kernel_cache: std::sync::OnceLock::new(),
             kernel_attr_drops: AtomicU64::new(0),
             settling: Mutex::new(HashMap::new()),
             daemon_ids: (lower::geteuid(), lower::getegid()),
@@ -297,9 +306,9 @@ impl DenseFs {
         open.written_back_at = self.written_back.fetch_add(1, Ordering::SeqCst) + 1;
     }
 
-    /// How the kernel is told to drop a file's attributes (the FUSE adapter's notifier).
-    pub fn on_kernel_attrs_stale(&self, drop_attrs: Box<dyn Fn(u64) + Send + Sync>) {
-        let _ = self.drop_kernel_attrs.set(drop_attrs);
+    /// How the kernel is told to drop what it keeps of a node (the FUSE adapter's notifier).
+    pub fn on_kernel_cache_stale(&self, drop: Box<dyn Fn(u64, KernelCache) + Send + Sync>) {
+        let _ = self.drop_kernel_cache.set(drop);
     }
 
     /// The daemon's own writes changed `inode`'s lower file (the caller holds its `open` lock):
@@ -339,10 +348,18 @@ impl DenseFs {
     /// Attributes the kernel may hold of `inode` went stale: it is told to drop them.
     fn kernel_attrs_stale(&self, inode: &Inode) {
         if inode.kernel_has_attrs.swap(false, Ordering::SeqCst) {
-            if let Some(drop_attrs) = self.drop_kernel_attrs.get() {
+            if let Some(drop) = self.drop_kernel_cache.get() {
                 self.kernel_attr_drops.fetch_add(1, Ordering::Relaxed);
-                drop_attrs(inode.nodeid);
+                drop(inode.nodeid, KernelCache::Attrs);
             }
+        }
+    }
+
+    /// The daemon changed what directory `dir` lists (an entry now leads to another lower
+    /// inode): the kernel drops the listing it may keep of it.
+    fn kernel_listing_stale(&self, dir: u64) {
+        if let Some(drop) = self.drop_kernel_cache.get() {
+            drop(dir, KernelCache::Listing);
         }
     }
 

@@ -120,6 +120,7 @@ impl DenseFs {
         open.content = None;
         if result.is_ok() {
             self.inodes.replaced(node);
+            self.kernel_listing_stale(parent); // the name's entry carries the new inode number
         }
         result
     }
