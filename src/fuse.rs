@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 /// How long the kernel keeps entries and attributes of a writable mount, which also lets it keep
-/// directory listings (FOPEN_CACHE_DIR). Every change to the lower goes through the daemon (one
+/// directory listings (`opendir`). Every change to the lower goes through the daemon (one
 /// writer per lower directory, README "multihost"), and the kernel drops what a request changes;
 /// what the daemon changes on its own (blocks and ctime as records land after a reply, the entry
 /// recompress renames over) it drops on the daemon's word (`DenseFs::on_kernel_cache_stale`).
@@ -35,9 +35,6 @@ pub struct FuseAdapter {
     fs: Arc<DenseFs>,
     /// WRITABLE_TTL or READ_ONLY_TTL.
     ttl: Duration,
-    /// What an OPENDIR answers: a writable mount lets the kernel keep listings until a change
-    /// (its own, or the daemon's notice) outdates them; a read-only one lists afresh each time.
-    opendir_flags: FopenFlags,
     /// The mount's `read_ahead_kb` in sysfs, written once INIT is done (the kernel sets it at
     /// INIT); taken by the first open.
     read_ahead_knob: Arc<parking_lot::Mutex<Option<std::path::PathBuf>>>,
@@ -45,12 +42,8 @@ pub struct FuseAdapter {
 
 impl FuseAdapter {
     pub fn new(fs: Arc<DenseFs>, read_only: bool) -> FuseAdapter {
-        let (ttl, opendir_flags) = if read_only {
-            (READ_ONLY_TTL, FopenFlags::empty())
-        } else {
-            (WRITABLE_TTL, FopenFlags::FOPEN_CACHE_DIR | FopenFlags::FOPEN_KEEP_CACHE)
-        };
-        FuseAdapter { fs, ttl, opendir_flags, read_ahead_knob: Arc::default() }
+        let ttl = if read_only { READ_ONLY_TTL } else { WRITABLE_TTL };
+        FuseAdapter { fs, ttl, read_ahead_knob: Arc::default() }
     }
 
     /// Where to raise the mount's read-ahead to [`READ_AHEAD_KB`] (`/sys/class/bdi/MAJ:MIN/read_ahead_kb`),
@@ -338,22 +331,29 @@ impl Filesystem for FuseAdapter {
         empty_reply!(reply, "fsync", self.fs.fsync(fh.0, datasync))
     }
 
-    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        match self.fs.opendir(ino.0) {
-            Ok(fh) => reply.opened(FileHandle(fh), self.opendir_flags),
-            Err(e) => reply.error(errno("opendir", e)),
+    /// A writable mount answers ENOSYS, after which the kernel sends no OPENDIR or RELEASEDIR at
+    /// all and keeps each listing it reads (FOPEN_CACHE_DIR, its default then) until a change
+    /// through the mount or the directory's mtime outdates it, or the daemon says so
+    /// (`KernelCache::Listing`): a warm `find` or `du` costs no request per directory. A
+    /// read-only mount opens (no handle: listings need no state) without caching, since
+    /// another machine may change the lower.
+    fn opendir(&self, _req: &Request, _ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        if self.ttl == WRITABLE_TTL {
+            reply.error(Errno::ENOSYS);
+        } else {
+            reply.opened(FileHandle(0), FopenFlags::empty());
         }
     }
 
-    fn readdir(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
-        match self.fs.readdir(fh.0, offset, |next, e| reply.add(INodeNo(e.ino), next, file_type(e.kind), &e.name)) {
+    fn readdir(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
+        match self.fs.readdir(ino.0, offset, |next, e| reply.add(INodeNo(e.ino), next, file_type(e.kind), &e.name)) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(errno("readdir", e)),
         }
     }
 
-    fn readdirplus(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, offset: u64, mut reply: ReplyDirectoryPlus) {
-        let result = self.fs.readdirplus(fh.0, offset, |next, e, attr| {
+    fn readdirplus(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, mut reply: ReplyDirectoryPlus) {
+        let result = self.fs.readdirplus(ino.0, offset, |next, e, attr| {
             reply.add(INodeNo(e.ino), next, &e.name, &self.ttl, &fuse_attr(attr), Generation(self.fs.generation(attr.ino)))
         });
         match result {
@@ -362,8 +362,7 @@ impl Filesystem for FuseAdapter {
         }
     }
 
-    fn releasedir(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, _flags: OpenFlags, reply: ReplyEmpty) {
-        self.fs.release_handle(fh.0);
+    fn releasedir(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _flags: OpenFlags, reply: ReplyEmpty) {
         reply.ok();
     }
 

@@ -4,7 +4,8 @@
 //! POSIX allows, hard links and remounts agree, and the daemon's inode table returns to the
 //! root alone once the kernel drops its caches (no lookup counted that the kernel will not
 //! forget, none missing). A closed file's size stays right across writes, truncates and
-//! listings (the daemon keeps what a header said while the lower file is unchanged).
+//! listings (the daemon keeps what a header said while the lower file is unchanged). Listings
+//! read in turns or seeking back see every name once (the daemon keeps no open directory).
 
 mod common;
 
@@ -549,4 +550,87 @@ fn a_daemon_held_to_256_descriptors_takes_thousands_of_cached_files() {
         }
     }
     m.unmount();
+}
+
+/// Names of `dir` read through libc with a `telldir` after the `mark`-th entry: (every name in
+/// order, the position after the mark-th, the names after it).
+fn names_with_position(dir: &Path, mark: usize) -> (Vec<String>, libc::c_long, Vec<String>) {
+    let c = CString::new(dir.as_os_str().as_bytes()).unwrap();
+    // SAFETY: plain libc directory calls on a stream opened and closed here.
+    unsafe {
+        let stream = libc::opendir(c.as_ptr());
+        assert!(!stream.is_null());
+        let mut names = Vec::new();
+        let mut position = 0;
+        loop {
+            let ent = libc::readdir64(stream);
+            if ent.is_null() {
+                break;
+            }
+            names.push(std::ffi::CStr::from_ptr((*ent).d_name.as_ptr()).to_string_lossy().into_owned());
+            if names.len() == mark {
+                position = libc::telldir(stream);
+            }
+        }
+        libc::seekdir(stream, position);
+        let mut after = Vec::new();
+        loop {
+            let ent = libc::readdir64(stream);
+            if ent.is_null() {
+                break;
+            }
+            after.push(std::ffi::CStr::from_ptr((*ent).d_name.as_ptr()).to_string_lossy().into_owned());
+        }
+        libc::closedir(stream);
+        (names, position, after)
+    }
+}
+
+/// The daemon keeps no open directory between READDIRs (listings go by the lower's own
+/// positions, and a writable mount answers OPENDIR with ENOSYS): two listings of one directory
+/// read in turns each see every name once, a `seekdir` back to a `telldir` position goes on
+/// from there, and densefs's reserved names never show, with and without the kernel keeping
+/// the listing (read-write and read-only mounts).
+#[test]
+fn listings_read_in_turns_or_seeking_back_see_every_name_once() {
+    let d = Dirs::new();
+    let dir = d.lower.join("many");
+    fs::create_dir(&dir).unwrap();
+    let mut expected = BTreeSet::new();
+    for i in 0..3000 {
+        let name = format!("entry-{i:04}-{}", "x".repeat(i % 40));
+        fs::write(dir.join(&name), b"plain").unwrap();
+        expected.insert(name);
+    }
+    fs::write(dir.join(".densefs.props"), b"compression=lz4\n").unwrap();
+    for options in ["", "ro", ""] {
+        let m = Mount::new(&d.lower, &d.mnt, options);
+        let listed = m.path("many");
+        let (mut a, mut b) = (fs::read_dir(&listed).unwrap(), fs::read_dir(&listed).unwrap());
+        let (mut seen_a, mut seen_b) = (Vec::new(), Vec::new());
+        loop {
+            let (x, y) = (a.next(), b.next().and_then(|_| b.next().map(|e| e.unwrap().file_name())));
+            if let Some(x) = &x {
+                seen_a.push(x.as_ref().unwrap().file_name().into_string().unwrap());
+            }
+            if let Some(y) = &y {
+                seen_b.push(y.clone().into_string().unwrap());
+            }
+            if x.is_none() && y.is_none() {
+                break;
+            }
+        }
+        drop((a, b)); // open directories keep the mount busy
+        let set_a: BTreeSet<String> = seen_a.iter().cloned().collect();
+        assert_eq!(set_a.len(), seen_a.len(), "-o {options:?}: a name listed twice");
+        assert_eq!(set_a, expected, "-o {options:?}: the first of two listings in turns");
+        // The second listing kept every other name (it reads two per turn, keeping the second).
+        assert!(seen_b.len() >= expected.len() / 2 - 1, "-o {options:?}: {} names in the second listing", seen_b.len());
+
+        let (names, position, after) = names_with_position(&listed, 1234);
+        assert_eq!(names.iter().filter(|n| *n != "." && *n != "..").cloned().collect::<BTreeSet<_>>(), expected);
+        assert_eq!(names.len(), expected.len() + 2, "-o {options:?}: names listed twice or missing");
+        assert_eq!(after, names[1234..], "-o {options:?}: seekdir({position}) did not go on after the 1234th name");
+        m.unmount();
+    }
 }

@@ -257,7 +257,6 @@ impl DenseFs {
     fn file_content(&self, fh: u64) -> FsResult<Content> {
         match &*self.handle(fh)? {
             Handle::File { content, .. } => Ok(content.clone()),
-            Handle::Dir { .. } => Err(FsError::errno(libc::EISDIR)),
         }
     }
 
@@ -280,7 +279,7 @@ impl DenseFs {
     /// capabilities itself).
     pub fn write(&self, fh: u64, offset: u64, data: &[u8], kill_privileges: bool) -> FsResult<usize> {
         let handle = self.handle(fh)?;
-        let Handle::File { inode, content, .. } = &*handle else { return Err(FsError::errno(libc::EISDIR)) };
+        let Handle::File { inode, content, .. } = &*handle;
         let killed = kill_privileges && self.kill_privileges(&self.inode(inode.nodeid)?)?;
         let written = match content {
             Content::Container(c) => c.write(offset, data)?,
@@ -325,7 +324,6 @@ impl DenseFs {
                 Ok(())
             }
             Handle::File { content: Content::Plain(file), .. } => Ok(if datasync { lower::fdatasync(file) } else { lower::fsync(file) }?),
-            Handle::Dir { .. } => Err(FsError::errno(libc::EISDIR)),
         }
     }
 
@@ -333,7 +331,7 @@ impl DenseFs {
     /// if records were rewritten, synced so their old copies can be freed.
     pub fn release(&self, fh: u64) {
         let Some(handle) = self.handles.lock().remove(&fh) else { return };
-        let Handle::File { inode, .. } = &*handle else { return };
+        let Handle::File { inode, .. } = &*handle;
         let mut open = inode.open.lock();
         open.handles = open.handles.saturating_sub(1);
         if open.handles > 0 {

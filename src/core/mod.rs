@@ -126,12 +126,10 @@ pub struct Statfs {
     pub frsize: u32,
 }
 
+/// An open file. (Directories have none: listings keep no state between requests.)
 enum Handle {
     /// `writable`: opened for writing; only those handles hear of write-back errors at close.
     File { inode: Arc<Inode>, content: Content, writable: bool },
-    /// A directory (`nodeid`) and the snapshot of its entries taken at opendir; READDIRPLUS's
-    /// header reads started ahead of the entries it has reached.
-    Dir { nodeid: u64, entries: Arc<Vec<DirEntry>>, headers_ahead: Mutex<namespace::HeadersAhead> },
 }
 
 /// A report kept between a size probe and the read that follows: (node, name, when, JSON).
@@ -165,6 +163,8 @@ pub struct DenseFs {
     /// the kernel was told. Weak: a file the kernel forgot has no attributes there to drop.
     /// By node id; written again, a file's deadline moves.
     settling: Mutex<HashMap<u64, (std::sync::Weak<Inode>, std::time::Instant)>>,
+    /// Listings read further than their replies took, for the READDIRs that go on with them.
+    cursors: namespace::Cursors,
 }
 
 /// What the kernel keeps of a node that the daemon can tell it to drop.
@@ -216,6 +216,7 @@ impl DenseFs {
             written_back: AtomicU64::new(0),
             drop_kernel_cache: std::sync::OnceLock::new(),
             kernel_attr_drops: AtomicU64::new(0),
+            cursors: Default::default(),
             settling: Mutex::new(HashMap::new()),
             daemon_ids: (lower::geteuid(), lower::getegid()),
             last_report: Mutex::new(None),

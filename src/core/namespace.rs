@@ -2,14 +2,14 @@
 
 use super::inodes::Node;
 use super::lower::{self, cstr};
-use super::{Attr, Caller, DenseFs, DirEntry, FsError, FsResult, Handle, Kind};
+use super::{Attr, Caller, DenseFs, DirEntry, FsError, FsResult, Kind};
 use crate::format::layout::HEADER_BLOCK;
-use std::collections::HashMap;
+use parking_lot::Mutex;
+use std::collections::{HashMap, VecDeque};
 use std::ffi::OsStr;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
 /// Names densefs keeps in the lower tree (its property file) do not exist through the mount.
 fn hidden(name: &OsStr, errno: i32) -> FsResult<()> {
@@ -20,15 +20,98 @@ fn hidden(name: &OsStr, errno: i32) -> FsResult<()> {
     }
 }
 
-/// How many directory entries ahead of the one READDIRPLUS is at have their headers read.
+/// How many entries READDIRPLUS reads from the lower directory at a time, starting the header
+/// reads of the regular files among them together (about a reply's worth: the kernel asks a
+/// page at a time, some 25 entries with attributes).
 const HEADERS_AHEAD: usize = 32;
 
-/// READDIRPLUS's read-ahead of headers: the entries up to `until` were started; `opened` holds
-/// the descriptors (by entry index) not yet taken by their lookup.
+/// A listing of a lower directory from a position on, for one request: densefs keeps no open
+/// directory between a directory's READDIRs. Positions are the lower file system's own (d_off,
+/// as NFS exports them), so concurrent and restarted listings each see every entry that stays
+/// in the directory exactly once, and the kernel needs no OPENDIR to list (a writable mount
+/// answers it ENOSYS, `fuse.rs`). A listing read further than its reply took is parked as a
+/// [`Cursor`], so the request that continues it goes on reading the same stream.
+struct Listing {
+    nodeid: u64,
+    /// Entries read from the stream but not handed out, in order.
+    pending: VecDeque<(u64, DirEntry)>,
+    stream: lower::DirStream,
+    /// The position after the last entry handed out.
+    position: u64,
+}
+
+/// Parked listings, at most [`CURSORS`] (each holds a descriptor of the lower directory).
 #[derive(Default)]
-pub struct HeadersAhead {
-    until: usize,
-    opened: HashMap<usize, OwnedFd>,
+pub struct Cursors(Mutex<VecDeque<Listing>>);
+
+/// Listings parked between requests: one per directory being listed at once is plenty.
+const CURSORS: usize = 16;
+
+impl Cursors {
+    /// The listing of `nodeid` that stopped at `position`, or a new one opened there.
+    fn take(&self, dir: &Node, nodeid: u64, position: u64) -> FsResult<Listing> {
+        let mut parked = self.0.lock();
+        if let Some(i) = parked.iter().position(|l| l.nodeid == nodeid && l.position == position) {
+            return Ok(parked.remove(i).expect("BUG: index from position()"));
+        }
+        drop(parked);
+        let fd = lower::reopen(dir.raw_fd(), libc::O_RDONLY | libc::O_DIRECTORY)?;
+        let mut stream = lower::DirStream::new(fd.into())?;
+        if position != 0 {
+            stream.seek(position);
+        }
+        Ok(Listing { nodeid, pending: VecDeque::new(), stream, position })
+    }
+
+    /// Keeps `listing` for the request that continues it; the oldest parked one goes if full.
+    fn park(&self, listing: Listing) {
+        let mut parked = self.0.lock();
+        parked.retain(|l| l.nodeid != listing.nodeid || l.position != listing.position);
+        if parked.len() >= CURSORS {
+            parked.pop_front();
+        }
+        parked.push_back(listing);
+    }
+}
+
+impl Listing {
+    /// The next entry and the position after it; names densefs reserves are left out.
+    fn next(&mut self) -> Option<(u64, DirEntry)> {
+        if let Some(entry) = self.pending.pop_front() {
+            return Some(entry);
+        }
+        loop {
+            let ent = self.stream.next_entry()?;
+            let name = OsStr::from_bytes(ent.name).to_os_string();
+            if super::props::is_reserved_name(&name) {
+                continue;
+            }
+            let kind = match ent.kind {
+                libc::DT_DIR => Kind::Dir,
+                libc::DT_LNK => Kind::Symlink,
+                libc::DT_FIFO => Kind::Fifo,
+                libc::DT_SOCK => Kind::Socket,
+                libc::DT_CHR => Kind::CharDevice,
+                libc::DT_BLK => Kind::BlockDevice,
+                _ => Kind::File,
+            };
+            // "." and ".." carry the directory's own number, as they always did here.
+            let ino = if name == "." || name == ".." { self.nodeid } else { ent.ino };
+            return Some((ent.next, DirEntry { ino, kind, name, surely_regular: ent.kind == libc::DT_REG }));
+        }
+    }
+
+    /// An entry was handed out: the listing now stands at `next`, after it.
+    fn handed_out(&mut self, next: u64) {
+        self.position = next;
+    }
+
+    /// Entries read but not handed out (in order) go back, to come first next time.
+    fn put_back(&mut self, entries: impl DoubleEndedIterator<Item = (u64, DirEntry)>) {
+        for entry in entries.rev() {
+            self.pending.push_front(entry);
+        }
+    }
 }
 
 impl DenseFs {
@@ -224,126 +307,95 @@ impl DenseFs {
         self.lookup(new_parent, new_name)
     }
 
-    /// Snapshots the directory's entries; offsets into the snapshot stay valid for the handle.
-    pub fn opendir(&self, nodeid: u64) -> FsResult<u64> {
-        let inode = self.inode(nodeid)?;
-        let dir = lower::reopen(inode.raw_fd(), libc::O_RDONLY | libc::O_DIRECTORY)?;
-        let mut stream = lower::DirStream::new(dir.into())?;
-        let mut entries = Vec::new();
-        while let Some(ent) = stream.next_entry() {
-            let name = OsStr::from_bytes(ent.name).to_os_string();
-            if super::props::is_reserved_name(&name) {
-                continue;
-            }
-            let surely_regular = ent.kind == libc::DT_REG;
-            let kind = match ent.kind {
-                libc::DT_DIR => Kind::Dir,
-                libc::DT_LNK => Kind::Symlink,
-                libc::DT_FIFO => Kind::Fifo,
-                libc::DT_SOCK => Kind::Socket,
-                libc::DT_CHR => Kind::CharDevice,
-                libc::DT_BLK => Kind::BlockDevice,
-                _ => Kind::File,
-            };
-            let ino = if name == "." || name == ".." { nodeid } else { ent.ino };
-            entries.push(DirEntry { ino, kind, name, surely_regular });
-        }
-        drop(stream); // closedir
-        Ok(self.new_handle(Handle::Dir { nodeid, entries: Arc::new(entries), headers_ahead: Default::default() }))
-    }
-
-    /// Entries from `offset` on, each with the offset of the next one, handed to `emit` until it
-    /// answers that the reply is full. (Not a list of every remaining entry: the kernel asks a
-    /// page at a time, and copying the rest of a directory of 600,000 names for each page took
-    /// `ls -f` 14 s instead of 2.)
-    pub fn readdir(&self, fh: u64, offset: u64, mut emit: impl FnMut(u64, &DirEntry) -> bool) -> FsResult<()> {
-        let handle = self.handle(fh)?;
-        let Handle::Dir { entries, .. } = &*handle else { return Err(FsError::errno(libc::ENOTDIR)) };
-        for (i, entry) in entries.iter().enumerate().skip(offset as usize) {
-            if emit(i as u64 + 1, entry) {
+    /// Entries of directory `nodeid` from lower position `offset` (0: the start), each with
+    /// the position after it, handed to `emit` until it answers that the reply is full.
+    pub fn readdir(&self, nodeid: u64, offset: u64, mut emit: impl FnMut(u64, &DirEntry) -> bool) -> FsResult<()> {
+        let mut listing = self.cursors.take(&self.inode(nodeid)?, nodeid, offset)?;
+        while let Some((next, entry)) = listing.next() {
+            if emit(next, &entry) {
+                listing.put_back(std::iter::once((next, entry)));
+                self.cursors.park(listing);
                 break;
             }
+            listing.handed_out(next);
         }
         Ok(())
     }
 
-    /// READDIRPLUS: entries from `offset` on with their attributes, handed to `emit` (with the
-    /// offset of the next entry) until it answers that the reply is full. The kernel takes a
-    /// reference (a lookup it will forget) on every entry it receives except "." and "..", so
-    /// each other entry is looked up here, and the one `emit` could not take is forgotten
-    /// again. An entry gone since opendir is left out.
-    pub fn readdirplus(&self, fh: u64, offset: u64, mut emit: impl FnMut(u64, &DirEntry, &Attr) -> bool) -> FsResult<()> {
-        let handle = self.handle(fh)?;
-        let Handle::Dir { nodeid, entries, headers_ahead } = &*handle else { return Err(FsError::errno(libc::ENOTDIR)) };
-        let dir = self.inode(*nodeid)?;
+    /// READDIRPLUS: as `readdir`, each entry with its attributes. The kernel takes a reference
+    /// (a lookup it will forget) on every entry it receives except "." and "..", so each other
+    /// entry is looked up here, and the one `emit` could not take is forgotten again. An entry
+    /// gone since it was read is left out.
+    pub fn readdirplus(&self, nodeid: u64, offset: u64, mut emit: impl FnMut(u64, &DirEntry, &Attr) -> bool) -> FsResult<()> {
+        let dir = self.inode(nodeid)?;
+        let mut listing = self.cursors.take(&dir, nodeid, offset)?;
         let mut dir_attr = None;
         let mut emitted = false;
-        let mut headers_ahead = headers_ahead.lock();
-        for (i, entry) in entries.iter().enumerate().skip(offset as usize) {
-            let next = i as u64 + 1;
-            self.read_headers_ahead(&dir, entries, &mut headers_ahead, i);
-            if entry.name == "." || entry.name == ".." {
-                // Not linked by the kernel: no lookup. Both carry the directory's own number
-                // (as in readdir), so its attributes.
-                let attr = match dir_attr {
-                    Some(attr) => attr,
-                    None => *dir_attr.insert(self.attr_of(&dir)?),
+        loop {
+            let mut batch: VecDeque<(u64, DirEntry)> = std::iter::from_fn(|| listing.next()).take(HEADERS_AHEAD).collect();
+            if batch.is_empty() {
+                return Ok(());
+            }
+            let mut opened = self.read_headers_ahead(&dir, batch.iter().map(|(_, e)| e));
+            let mut i = 0;
+            while let Some((next, entry)) = batch.pop_front() {
+                i += 1;
+                let attr = if entry.name == "." || entry.name == ".." {
+                    // Not linked by the kernel: no lookup.
+                    match dir_attr {
+                        Some(attr) => attr,
+                        None => *dir_attr.insert(self.attr_of(&dir)?),
+                    }
+                } else {
+                    // Opened ahead: the name may lead elsewhere by now (renamed, replaced or removed).
+                    let before = self.written_back_count();
+                    let ahead = opened.remove(&(i - 1)).and_then(|fd| {
+                        let st = lower::stat_fd(fd.as_raw_fd()).ok()?;
+                        let c = cstr(&entry.name).ok()?;
+                        (lower::id_at(dir.raw_fd(), &c) == Some((st.st_dev, st.st_ino))).then_some((fd, st))
+                    });
+                    match self.lookup_child(nodeid, &dir, &entry.name, Some((entry.ino, entry.surely_regular)), ahead, before) {
+                        Ok(attr) => attr,
+                        Err(e) if matches!(e.errno, libc::ENOENT | libc::ESTALE) => continue,
+                        // The kernel asks again from the entry that failed.
+                        Err(e) if emitted => {
+                            tracing::debug!("readdirplus stops before {:?}: {e}", entry.name);
+                            return Ok(());
+                        }
+                        Err(e) => return Err(e),
+                    }
                 };
-                if emit(next, entry, &attr) {
-                    break;
+                if emit(next, &entry, &attr) {
+                    if entry.name != "." && entry.name != ".." {
+                        self.inodes.forget(attr.ino, 1);
+                    }
+                    // This entry and the rest of the batch wait for the request that goes on.
+                    listing.put_back(std::iter::once((next, entry)).chain(batch));
+                    self.cursors.park(listing);
+                    return Ok(());
                 }
+                listing.handed_out(next);
                 emitted = true;
-                continue;
             }
-            // Opened ahead: the name may lead elsewhere by now (renamed, replaced or removed).
-            let before = self.written_back_count();
-            let opened = headers_ahead.opened.remove(&i).and_then(|fd| {
-                let st = lower::stat_fd(fd.as_raw_fd()).ok()?;
-                let c = cstr(&entry.name).ok()?;
-                (lower::id_at(dir.raw_fd(), &c) == Some((st.st_dev, st.st_ino))).then_some((fd, st))
-            });
-            let attr = match self.lookup_child(*nodeid, &dir, &entry.name, Some((entry.ino, entry.surely_regular)), opened, before) {
-                Ok(attr) => attr,
-                Err(e) if matches!(e.errno, libc::ENOENT | libc::ESTALE) => continue,
-                // The kernel asks again from the entry that failed.
-                Err(e) if emitted => {
-                    tracing::debug!("readdirplus stops before {:?}: {e}", entry.name);
-                    break;
-                }
-                Err(e) => return Err(e),
-            };
-            if emit(next, entry, &attr) {
-                self.inodes.forget(attr.ino, 1);
-                break;
-            }
-            emitted = true;
         }
-        Ok(())
     }
 
-    /// Opens the regular files among the next `HEADERS_AHEAD` entries from `at` that no inode
-    /// holds yet, and starts reading their header blocks without waiting: a cold `ls -l` waits
-    /// for one header read per file, and these are in flight together instead of one by one.
-    fn read_headers_ahead(&self, dir: &Node, entries: &[DirEntry], ahead: &mut HeadersAhead, at: usize) {
+    /// Opens the regular files of `batch` that no inode holds yet and starts reading their
+    /// header blocks without waiting: a cold `ls -l` waits for one header read per file, and
+    /// these are in flight together instead of one by one. By index in `batch`.
+    fn read_headers_ahead<'a>(&self, dir: &Node, batch: impl Iterator<Item = &'a DirEntry>) -> HashMap<usize, OwnedFd> {
         let dev = dir.lower_id().0;
-        let from = ahead.until.max(at);
-        let until = (at + HEADERS_AHEAD).min(entries.len());
-        for (i, entry) in entries.iter().enumerate().take(until).skip(from) {
+        let mut opened = HashMap::new();
+        for (i, entry) in batch.enumerate() {
             if !entry.surely_regular || self.inodes.find(dev, entry.ino).is_some() {
                 continue;
             }
             if let Ok(fd) = lower::open_readable(dir.raw_fd(), &entry.name) {
                 let _ = lower::will_need(&fd, 0, HEADER_BLOCK);
-                ahead.opened.insert(i, fd);
+                opened.insert(i, fd);
             }
         }
-        ahead.until = ahead.until.max(until);
-        // Entries the kernel skipped (it asks from an offset) close their descriptors.
-        ahead.opened.retain(|&i, _| i >= at);
-    }
-
-    pub fn release_handle(&self, fh: u64) {
-        self.handles.lock().remove(&fh);
+        opened
     }
 
     pub fn fsyncdir(&self, nodeid: u64) -> FsResult<()> {

@@ -70,12 +70,18 @@ pub fn renameat2(from_dir: RawFd, from: &CStr, to_dir: RawFd, to: &CStr, flags: 
 /// An open directory stream (fdopendir, readdir64, closedir on drop).
 pub struct DirStream(NonNull<libc::DIR>);
 
+// SAFETY: a DIR stream belongs to no thread; `&mut self` on every call keeps it used by one at
+// a time.
+unsafe impl Send for DirStream {}
+
 /// One entry of a [`DirStream`], borrowed until the stream is read again.
 pub struct RawEntry<'a> {
     pub ino: u64,
     /// d_type (DT_DIR, DT_REG, ...; DT_UNKNOWN where the file system does not tell).
     pub kind: u8,
     pub name: &'a [u8],
+    /// d_off: the lower file system's position of the entry after this one ([`DirStream::seek`]).
+    pub next: u64,
 }
 
 impl DirStream {
@@ -97,7 +103,14 @@ impl DirStream {
         let ent = unsafe { ent.as_ref() }?;
         // SAFETY: d_name is NUL-terminated within the entry.
         let name = unsafe { CStr::from_ptr(ent.d_name.as_ptr()) }.to_bytes();
-        Some(RawEntry { ino: ent.d_ino, kind: ent.d_type, name })
+        Some(RawEntry { ino: ent.d_ino, kind: ent.d_type, name, next: ent.d_off as u64 })
+    }
+
+    /// Continues the listing at `position`, an entry's `next` from any stream of the same
+    /// directory (the lower file system keeps these valid across opens, as NFS needs).
+    pub fn seek(&mut self, position: u64) {
+        // SAFETY: the stream is open until drop; seekdir takes any position.
+        unsafe { libc::seekdir(self.0.as_ptr(), position as libc::c_long) };
     }
 }
 
