@@ -29,8 +29,8 @@ const HEADERS_AHEAD: usize = 32;
 /// directory between a directory's READDIRs. Positions are the lower file system's own (d_off,
 /// as NFS exports them), so concurrent and restarted listings each see every entry that stays
 /// in the directory exactly once, and the kernel needs no OPENDIR to list (a writable mount
-/// answers it ENOSYS, `fuse.rs`). A listing read further than its reply took is parked as a
-/// [`Cursor`], so the request that continues it goes on reading the same stream.
+/// answers it ENOSYS, `fuse.rs`). A listing read further than its reply took is parked in
+/// [`Cursors`], so the request that continues it goes on reading the same stream.
 struct Listing {
     nodeid: u64,
     /// Entries read from the stream but not handed out, in order.
@@ -52,9 +52,17 @@ impl Cursors {
     fn take(&self, dir: &Node, nodeid: u64, position: u64) -> FsResult<Listing> {
         let mut parked = self.0.lock();
         if let Some(i) = parked.iter().position(|l| l.nodeid == nodeid && l.position == position) {
-            return Ok(parked.remove(i).expect("BUG: index from position()"));
+            let listing = parked.remove(i).expect("BUG: index from position()");
+            drop(parked);
+            // Still this directory: one removed since has no links, and its inode number (so
+            // a node id) may be a new directory's by now, whose positions can be the same.
+            let st = lower::stat_fd(listing.stream.fd())?;
+            if st.st_nlink > 0 && (st.st_dev, st.st_ino) == dir.lower_id() {
+                return Ok(listing);
+            }
+        } else {
+            drop(parked);
         }
-        drop(parked);
         let fd = lower::reopen(dir.raw_fd(), libc::O_RDONLY | libc::O_DIRECTORY)?;
         let mut stream = lower::DirStream::new(fd.into())?;
         if position != 0 {

@@ -106,6 +106,12 @@ impl DirStream {
         Some(RawEntry { ino: ent.d_ino, kind: ent.d_type, name, next: ent.d_off as u64 })
     }
 
+    /// The stream's descriptor (for fstat).
+    pub fn fd(&self) -> RawFd {
+        // SAFETY: the stream is open until drop.
+        unsafe { libc::dirfd(self.0.as_ptr()) }
+    }
+
     /// Continues the listing at `position`, an entry's `next` from any stream of the same
     /// directory (the lower file system keeps these valid across opens, as NFS needs).
     pub fn seek(&mut self, position: u64) {
