@@ -33,6 +33,7 @@ pub const READ_AHEAD_KB: u32 = 4096;
 
 pub struct FuseAdapter {
     fs: Arc<DenseFs>,
+    read_only: bool,
     /// WRITABLE_TTL or READ_ONLY_TTL.
     ttl: Duration,
     /// The mount's `read_ahead_kb` in sysfs, written once INIT is done (the kernel sets it at
@@ -43,7 +44,7 @@ pub struct FuseAdapter {
 impl FuseAdapter {
     pub fn new(fs: Arc<DenseFs>, read_only: bool) -> FuseAdapter {
         let ttl = if read_only { READ_ONLY_TTL } else { WRITABLE_TTL };
-        FuseAdapter { fs, ttl, read_ahead_knob: Arc::default() }
+        FuseAdapter { fs, read_only, ttl, read_ahead_knob: Arc::default() }
     }
 
     /// Where to raise the mount's read-ahead to [`READ_AHEAD_KB`] (`/sys/class/bdi/MAJ:MIN/read_ahead_kb`),
@@ -338,10 +339,10 @@ impl Filesystem for FuseAdapter {
     /// read-only mount opens (no handle: listings need no state) without caching, since
     /// another machine may change the lower.
     fn opendir(&self, _req: &Request, _ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        if self.ttl == WRITABLE_TTL {
-            reply.error(Errno::ENOSYS);
-        } else {
+        if self.read_only {
             reply.opened(FileHandle(0), FopenFlags::empty());
+        } else {
+            reply.error(Errno::ENOSYS);
         }
     }
 
