@@ -175,7 +175,7 @@ impl DenseFs {
         };
         self.inodes.share(inode, content.file());
         open.handles += 1;
-        Ok(self.new_handle(Handle::File { inode: inode.inode.clone(), content, writable }))
+        Ok(self.new_handle(Handle { inode: inode.inode.clone(), content, writable }))
     }
 
     /// `kill_privileges`: as for `write`, for an O_TRUNC open. The kernel has checked that the
@@ -255,9 +255,7 @@ impl DenseFs {
     }
 
     fn file_content(&self, fh: u64) -> FsResult<Content> {
-        match &*self.handle(fh)? {
-            Handle::File { content, .. } => Ok(content.clone()),
-        }
+        Ok(self.handle(fh)?.content.clone())
     }
 
     pub fn read(&self, fh: u64, offset: u64, size: u32) -> FsResult<ReadBytes> {
@@ -279,7 +277,7 @@ impl DenseFs {
     /// capabilities itself).
     pub fn write(&self, fh: u64, offset: u64, data: &[u8], kill_privileges: bool) -> FsResult<usize> {
         let handle = self.handle(fh)?;
-        let Handle::File { inode, content, .. } = &*handle;
+        let Handle { inode, content, .. } = &*handle;
         let killed = kill_privileges && self.kill_privileges(&self.inode(inode.nodeid)?)?;
         let written = match content {
             Content::Container(c) => c.write(offset, data)?,
@@ -305,8 +303,8 @@ impl DenseFs {
         match &*handle {
             // Unlinked: nobody can open it again, so its data is not landed (the handles still
             // open read it from memory, and the last close lets it go).
-            Handle::File { inode, content, .. } if content.nameless(inode) => Ok(()),
-            Handle::File { inode, content: Content::Container(c), writable: true } => {
+            Handle { inode, content, .. } if content.nameless(inode) => Ok(()),
+            Handle { inode, content: Content::Container(c), writable: true } => {
                 c.flush()?;
                 self.publish_lower_changes(inode, c);
                 Ok(())
@@ -318,12 +316,12 @@ impl DenseFs {
     pub fn fsync(&self, fh: u64, datasync: bool) -> FsResult<()> {
         let handle = self.handle(fh)?;
         match &*handle {
-            Handle::File { inode, content: Content::Container(c), .. } => {
+            Handle { inode, content: Content::Container(c), .. } => {
                 c.fsync(datasync)?;
                 self.publish_lower_changes(inode, c);
                 Ok(())
             }
-            Handle::File { content: Content::Plain(file), .. } => Ok(if datasync { lower::fdatasync(file) } else { lower::fsync(file) }?),
+            Handle { content: Content::Plain(file), .. } => Ok(if datasync { lower::fdatasync(file) } else { lower::fsync(file) }?),
         }
     }
 
@@ -331,7 +329,7 @@ impl DenseFs {
     /// if records were rewritten, synced so their old copies can be freed.
     pub fn release(&self, fh: u64) {
         let Some(handle) = self.handles.lock().remove(&fh) else { return };
-        let Handle::File { inode, .. } = &*handle;
+        let inode = &handle.inode;
         let mut open = inode.open.lock();
         open.handles = open.handles.saturating_sub(1);
         if open.handles > 0 {

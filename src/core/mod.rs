@@ -127,9 +127,11 @@ pub struct Statfs {
 }
 
 /// An open file. (Directories have none: listings keep no state between requests.)
-enum Handle {
-    /// `writable`: opened for writing; only those handles hear of write-back errors at close.
-    File { inode: Arc<Inode>, content: Content, writable: bool },
+struct Handle {
+    inode: Arc<Inode>,
+    content: Content,
+    /// Opened for writing; only those handles hear of write-back errors at close.
+    writable: bool,
 }
 
 /// A report kept between a size probe and the read that follows: (node, name, when, JSON).

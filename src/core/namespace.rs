@@ -5,7 +5,7 @@ use super::lower::{self, cstr};
 use super::{Attr, Caller, DenseFs, DirEntry, FsError, FsResult, Kind};
 use crate::format::layout::HEADER_BLOCK;
 use parking_lot::Mutex;
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::ffi::OsStr;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
@@ -48,20 +48,20 @@ pub struct Cursors(Mutex<VecDeque<Listing>>);
 const CURSORS: usize = 16;
 
 impl Cursors {
-    /// The listing of `nodeid` that stopped at `position`, or a new one opened there.
-    fn take(&self, dir: &Node, nodeid: u64, position: u64) -> FsResult<Listing> {
-        let mut parked = self.0.lock();
-        if let Some(i) = parked.iter().position(|l| l.nodeid == nodeid && l.position == position) {
-            let listing = parked.remove(i).expect("BUG: index from position()");
-            drop(parked);
+    /// The listing of `dir` that stopped at `position`, or a new one opened there.
+    fn take(&self, dir: &Node, position: u64) -> FsResult<Listing> {
+        let nodeid = dir.nodeid;
+        let parked = {
+            let mut parked = self.0.lock();
+            parked.iter().position(|l| l.nodeid == nodeid && l.position == position).and_then(|i| parked.remove(i))
+        };
+        if let Some(listing) = parked {
             // Still this directory: one removed since has no links, and its inode number (so
             // a node id) may be a new directory's by now, whose positions can be the same.
             let st = lower::stat_fd(listing.stream.fd())?;
             if st.st_nlink > 0 && (st.st_dev, st.st_ino) == dir.lower_id() {
                 return Ok(listing);
             }
-        } else {
-            drop(parked);
         }
         let fd = lower::reopen(dir.raw_fd(), libc::O_RDONLY | libc::O_DIRECTORY)?;
         let mut stream = lower::DirStream::new(fd.into())?;
@@ -318,7 +318,7 @@ impl DenseFs {
     /// Entries of directory `nodeid` from lower position `offset` (0: the start), each with
     /// the position after it, handed to `emit` until it answers that the reply is full.
     pub fn readdir(&self, nodeid: u64, offset: u64, mut emit: impl FnMut(u64, &DirEntry) -> bool) -> FsResult<()> {
-        let mut listing = self.cursors.take(&self.inode(nodeid)?, nodeid, offset)?;
+        let mut listing = self.cursors.take(&self.inode(nodeid)?, offset)?;
         while let Some((next, entry)) = listing.next() {
             if emit(next, &entry) {
                 listing.put_back(std::iter::once((next, entry)));
@@ -336,7 +336,7 @@ impl DenseFs {
     /// gone since it was read is left out.
     pub fn readdirplus(&self, nodeid: u64, offset: u64, mut emit: impl FnMut(u64, &DirEntry, &Attr) -> bool) -> FsResult<()> {
         let dir = self.inode(nodeid)?;
-        let mut listing = self.cursors.take(&dir, nodeid, offset)?;
+        let mut listing = self.cursors.take(&dir, offset)?;
         let mut dir_attr = None;
         let mut emitted = false;
         loop {
@@ -345,10 +345,10 @@ impl DenseFs {
                 return Ok(());
             }
             let mut opened = self.read_headers_ahead(&dir, batch.iter().map(|(_, e)| e));
-            let mut i = 0;
             while let Some((next, entry)) = batch.pop_front() {
-                i += 1;
-                let attr = if entry.name == "." || entry.name == ".." {
+                let opened_ahead = opened.pop_front().flatten();
+                let linked = entry.name != "." && entry.name != "..";
+                let attr = if !linked {
                     // Not linked by the kernel: no lookup.
                     match dir_attr {
                         Some(attr) => attr,
@@ -357,7 +357,7 @@ impl DenseFs {
                 } else {
                     // Opened ahead: the name may lead elsewhere by now (renamed, replaced or removed).
                     let before = self.written_back_count();
-                    let ahead = opened.remove(&(i - 1)).and_then(|fd| {
+                    let ahead = opened_ahead.and_then(|fd| {
                         let st = lower::stat_fd(fd.as_raw_fd()).ok()?;
                         let c = cstr(&entry.name).ok()?;
                         (lower::id_at(dir.raw_fd(), &c) == Some((st.st_dev, st.st_ino))).then_some((fd, st))
@@ -374,7 +374,7 @@ impl DenseFs {
                     }
                 };
                 if emit(next, &entry, &attr) {
-                    if entry.name != "." && entry.name != ".." {
+                    if linked {
                         self.inodes.forget(attr.ino, 1);
                     }
                     // This entry and the rest of the batch wait for the request that goes on.
@@ -390,20 +390,19 @@ impl DenseFs {
 
     /// Opens the regular files of `batch` that no inode holds yet and starts reading their
     /// header blocks without waiting: a cold `ls -l` waits for one header read per file, and
-    /// these are in flight together instead of one by one. By index in `batch`.
-    fn read_headers_ahead<'a>(&self, dir: &Node, batch: impl Iterator<Item = &'a DirEntry>) -> HashMap<usize, OwnedFd> {
+    /// these are in flight together instead of one by one. One slot per entry of `batch`.
+    fn read_headers_ahead<'a>(&self, dir: &Node, batch: impl Iterator<Item = &'a DirEntry>) -> VecDeque<Option<OwnedFd>> {
         let dev = dir.lower_id().0;
-        let mut opened = HashMap::new();
-        for (i, entry) in batch.enumerate() {
-            if !entry.surely_regular || self.inodes.find(dev, entry.ino).is_some() {
-                continue;
-            }
-            if let Ok(fd) = lower::open_readable(dir.raw_fd(), &entry.name) {
+        batch
+            .map(|entry| {
+                if !entry.surely_regular || self.inodes.find(dev, entry.ino).is_some() {
+                    return None;
+                }
+                let fd = lower::open_readable(dir.raw_fd(), &entry.name).ok()?;
                 let _ = lower::will_need(&fd, 0, HEADER_BLOCK);
-                opened.insert(i, fd);
-            }
-        }
-        opened
+                Some(fd)
+            })
+            .collect()
     }
 
     pub fn fsyncdir(&self, nodeid: u64) -> FsResult<()> {
