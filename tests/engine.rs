@@ -260,6 +260,10 @@ fn an_fsync_waits_for_no_slow_codec_and_the_file_gets_its_codec_back_when_quiet_
     let m = Mount::new(&d.lower, &d.mnt, "");
     assert_eq!(records_by_codec(&m.path("closed")), gzip_6);
     assert_eq!(fs::read(m.path("closed")).unwrap(), data);
-    assert_eq!(used(&m.path("closed")), used(&m.path("copy")), "the same bytes written without fsyncs take as much");
+    // The same bytes written without fsyncs take as much: the lz4 and raw copies were freed.
+    // (Up to two blocks more: the lower file system's own index of a file whose copies lie
+    // apart, as the rewritten ones do, where the copy's lie packed.)
+    let (closed, copy) = (used(&m.path("closed")), used(&m.path("copy")));
+    assert!(closed >= copy && closed <= copy + 8192, "{closed} bytes used against {copy} written without fsyncs");
     m.unmount();
 }

@@ -2,7 +2,10 @@
 //! them must not change a byte of them (docs/FORMAT.md, "Version history"):
 //! - tests/fixtures/v1-first: version 1 as the first densefs wrote it (header copy B at 512);
 //! - tests/fixtures/v1: version 1 after the inline area moved copy B to 64 (epoch fields zero);
-//! - tests/fixtures/v2: version 2, made by `make_fixtures` below.
+//! - tests/fixtures/v2, v3, v4: versions 2 to 4, made by `make_fixtures` below.
+//!
+//! Files of versions 1 to 3 stay writable, in version 3's layout (each copy in its record's
+//! slot): `files_of_version_3_take_writes_and_keep_their_layout`.
 //!
 //! If this test fails, the format changed: bump FORMAT_VERSION, keep reading every version, and
 //! freeze a new set.
@@ -40,7 +43,7 @@ fn copy_dir(from: &Path, to: &Path) {
 
 #[test]
 fn fixtures_of_every_version_read_back_exactly_and_stay_unchanged() {
-    for set in ["v1-first", "v1", "v2", "v3"] {
+    for set in ["v1-first", "v1", "v2", "v3", "v4"] {
         let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(set);
         let d = Dirs::new();
         copy_dir(&fixtures, &d.lower);
@@ -57,6 +60,117 @@ fn fixtures_of_every_version_read_back_exactly_and_stay_unchanged() {
             assert!(fs::read(d.lower.join(name)).unwrap() == fs::read(fixtures.join(name)).unwrap(), "reading {set}/{name} changed it");
         }
     }
+}
+
+/// The format version a lower file's newest header copy records.
+fn header_version(lower_file: &Path) -> u16 {
+    let header = common::current_header(lower_file);
+    u16::from_le_bytes([header[8], header[9]])
+}
+
+#[test]
+fn files_of_version_3_take_writes_and_keep_their_layout() {
+    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/v3");
+    let d = Dirs::new();
+    copy_dir(&fixtures, &d.lower);
+    let m = Mount::new(&d.lower, &d.mnt, "");
+    let mut expected = Vec::new();
+    for (name, _, data) in fixture_files() {
+        let mut data = data;
+        if data.is_empty() {
+            continue;
+        }
+        // Overwrite the middle, grow past the end, then cut back inside the last record.
+        let mid = data.len() / 2;
+        let patch = compressible(3_000, 9);
+        use std::os::unix::fs::FileExt;
+        let f = fs::OpenOptions::new().write(true).open(m.path(name)).unwrap();
+        f.write_all_at(&patch, mid as u64).unwrap();
+        data.splice(mid..(mid + patch.len()).min(data.len()), patch.iter().copied());
+        let tail = random_bytes(20_000, 10);
+        f.write_all_at(&tail, data.len() as u64).unwrap();
+        data.extend_from_slice(&tail);
+        let cut = data.len() - 7_000;
+        f.set_len(cut as u64).unwrap();
+        data.truncate(cut);
+        f.sync_all().unwrap();
+        expected.push((name, data));
+    }
+    m.unmount();
+    let m = Mount::new(&d.lower, &d.mnt, "");
+    for (name, data) in &expected {
+        assert_eq!(fs::read(m.path(name)).unwrap(), *data, "v3/{name}");
+    }
+    m.unmount();
+    for (name, _) in &expected {
+        assert_eq!(header_version(&d.lower.join(name)), 3, "v3/{name} keeps version 3's layout");
+    }
+    // A new file is version 4.
+    let m = Mount::new(&d.lower, &d.mnt, "");
+    fs::write(m.path("new"), compressible(50_000, 11)).unwrap();
+    m.unmount();
+    assert_eq!(header_version(&d.lower.join("new")), 4);
+}
+
+/// Runs of data on a lower file (between holes), by SEEK_DATA / SEEK_HOLE.
+fn data_runs(path: &Path) -> usize {
+    use std::os::fd::AsRawFd;
+    let f = fs::File::open(path).unwrap();
+    let (fd, len) = (f.as_raw_fd(), f.metadata().unwrap().len() as i64);
+    let (mut off, mut runs) = (0i64, 0);
+    while off < len {
+        // SAFETY: lseek on a descriptor open for the call.
+        let data = unsafe { libc::lseek(fd, off, libc::SEEK_DATA) };
+        if data < 0 {
+            break;
+        }
+        // SAFETY: as above.
+        off = unsafe { libc::lseek(fd, data, libc::SEEK_HOLE) };
+        runs += 1;
+    }
+    runs
+}
+
+/// Format 4 packs the copies of a file written in order one after another, so the lower file
+/// system reads them back as one stream (bench/results/layout-2026-11-26); version 3 left a
+/// hole after each record's copy.
+#[test]
+fn a_file_written_in_order_lies_packed_on_the_lower_file() {
+    let d = Dirs::new();
+    let m = Mount::new(&d.lower, &d.mnt, "compression=lz4,recordsize=128K");
+    let data = compressible(10 << 20, 12);
+    fs::write(m.path("packed"), &data).unwrap();
+    m.unmount();
+    let lower = d.lower.join("packed");
+    assert_eq!(header_version(&lower), 4);
+    // 80 records in 3 groups: one run of data (block 0 and the copies), and the tables of
+    // groups 1 and 2 where the copies did not reach them. Version 3 made a run per record.
+    let runs = data_runs(&lower);
+    assert!(runs <= 3, "{runs} runs of data on the lower file");
+    // Rewritten in the middle: the new copies go elsewhere, the old places are freed.
+    let m = Mount::new(&d.lower, &d.mnt, "");
+    use std::os::unix::fs::FileExt;
+    let f = fs::OpenOptions::new().write(true).open(m.path("packed")).unwrap();
+    let mut expected = data.clone();
+    let patch = compressible(1 << 20, 13);
+    f.write_all_at(&patch, 3 << 20).unwrap();
+    expected[3 << 20..4 << 20].copy_from_slice(&patch);
+    f.sync_all().unwrap();
+    drop(f);
+    m.unmount();
+    let m = Mount::new(&d.lower, &d.mnt, "");
+    assert!(fs::read(m.path("packed")).unwrap() == expected);
+    // Cut to a third: the lower file shrinks with it once the cut is synced.
+    let f = fs::OpenOptions::new().write(true).open(m.path("packed")).unwrap();
+    f.set_len(3 << 20).unwrap();
+    f.sync_all().unwrap();
+    drop(f);
+    m.unmount();
+    let lower_len = fs::metadata(&lower).unwrap().len();
+    assert!(lower_len < 3 << 20, "lower file of {lower_len} bytes after the cut");
+    let m = Mount::new(&d.lower, &d.mnt, "");
+    assert!(fs::read(m.path("packed")).unwrap() == expected[..3 << 20]);
+    m.unmount();
 }
 
 /// Makes the fixtures of the current version (once per version; never regenerate a frozen set):

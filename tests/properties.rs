@@ -146,10 +146,10 @@ fn scrub_finds_a_record_corrupted_behind_the_mounts_back() {
     fs::write(m.path("dir/victim"), compressible(64 << 10, 5)).unwrap();
     let out = densefs(&["scrub"], &[&d.mnt]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stdout));
-    // Flip a byte of record 5's stored bytes (slot 0: after block 0, two slots per record).
+    // Flip a byte of record 5's stored bytes (slot 0: the file was written once).
     let lower = d.lower.join("dir/victim");
     let mut raw = fs::read(&lower).unwrap();
-    raw[4096 + 5 * 2 * 4096 + 7] ^= 0x20;
+    raw[common::copy_offset(&lower, 5, 0) as usize + 7] ^= 0x20;
     fs::write(&lower, &raw).unwrap();
     let out = densefs(&["scrub"], &[&d.mnt]);
     assert!(!out.status.success());

@@ -302,9 +302,8 @@ fn descriptor_off(record: u64, slot: u64) -> u64 {
     2048 + record * 64 + slot * 32
 }
 
-fn slot_off(record: u64, slot: u64) -> u64 {
-    let (group, i) = (record / 32, record % 32);
-    4096 + group * (64 * RS + 4096) + (2 * i + slot) * RS
+fn slot_off(path: &Path, record: u64, slot: u64) -> u64 {
+    common::copy_offset(path, record, slot as usize)
 }
 
 fn patch(path: &Path, at: u64, f: impl FnOnce(&mut [u8])) {
@@ -316,9 +315,7 @@ fn patch(path: &Path, at: u64, f: impl FnOnce(&mut [u8])) {
 }
 
 fn stored_len(path: &Path, record: u64, slot: u64) -> u64 {
-    let mut d = [0u8; 32];
-    fs::File::open(path).unwrap().read_exact_at(&mut d, descriptor_off(record, slot)).unwrap();
-    u32::from_le_bytes(d[4..8].try_into().unwrap()) as u64
+    common::copy_descriptor(path, record, slot as usize).1
 }
 
 /// Reads record `r` of a mounted file: Ok(bytes) or the errno.
@@ -342,10 +339,12 @@ fn every_kind_of_corruption_is_eio_for_that_file_or_record_only_and_scrub_lists_
     m.unmount();
     let lower = |n: &str| d.lower.join(n);
     // A flipped bit in record 5's stored bytes.
-    let mid = slot_off(5, 0) + stored_len(&lower("flip"), 5, 0) / 2;
+    let mid = slot_off(&lower("flip"), 5, 0) + stored_len(&lower("flip"), 5, 0) / 2;
     patch(&lower("flip"), mid, |b| b[0] ^= 0x10);
-    // Truncated in the middle of group 1: records 40.. lose their slots (lengths point past EOF).
-    OpenOptions::new().write(true).open(lower("trunc")).unwrap().set_len(slot_off(40, 0) + 100).unwrap();
+    // Truncated in the middle of record 20's copy: records 20.. of group 0 (whose table is in
+    // block 0) lose their copies (lengths point past EOF).
+    let cut = slot_off(&lower("trunc"), 20, 0) + 100;
+    OpenOptions::new().write(true).open(lower("trunc")).unwrap().set_len(cut).unwrap();
     // Both header copies zeroed, or overwritten with garbage.
     patch(&lower("zero_header"), 0, |b| b.fill(0));
     patch(&lower("garbage_header"), 0, |b| b.iter_mut().enumerate().for_each(|(i, x)| *x = (i * 37 + 11) as u8));
@@ -368,9 +367,9 @@ fn every_kind_of_corruption_is_eio_for_that_file_or_record_only_and_scrub_lists_
     assert_eq!(read_record(&m.path("flip"), 5).map(|b| b.len()), Err(libc::EIO));
     assert_eq!(read_record(&m.path("flip"), 4).map(|b| b == rec(4)), Ok(true));
     assert_eq!(read_record(&m.path("flip"), 6).map(|b| b == rec(6)), Ok(true));
-    assert_eq!(read_record(&m.path("trunc"), 39).map(|b| b == rec(39)), Ok(true));
-    assert_eq!(read_record(&m.path("trunc"), 41).map(|b| b.len()), Err(libc::EIO));
-    assert_eq!(read_record(&m.path("trunc"), 47).map(|b| b.len()), Err(libc::EIO));
+    assert_eq!(read_record(&m.path("trunc"), 19).map(|b| b == rec(19)), Ok(true));
+    assert_eq!(read_record(&m.path("trunc"), 21).map(|b| b.len()), Err(libc::EIO));
+    assert_eq!(read_record(&m.path("trunc"), 31).map(|b| b.len()), Err(libc::EIO));
     assert_eq!(read_record(&m.path("descriptor"), 3).map(|b| b.len()), Err(libc::EIO), "a damaged descriptor must not read as zeros");
     assert_eq!(read_record(&m.path("descriptor"), 2).map(|b| b == rec(2)), Ok(true));
     // Damage to headers: the whole file is EIO, with a clear log line.
@@ -381,7 +380,7 @@ fn every_kind_of_corruption_is_eio_for_that_file_or_record_only_and_scrub_lists_
     let log = m.log_text();
     for (file, says) in [
         ("flip", "record 5"),
-        ("trunc", "record 41"),
+        ("trunc", "record 21"),
         ("descriptor", "record=3"),
         ("zero_header", "header is gone"),
         ("future", "format version 9"),

@@ -29,6 +29,7 @@ use crate::checksum::ChecksumKind;
 use crate::codec::Setting;
 use crate::engine::{CompressRequest, DecompressRequest, Engine, EngineError, Job, Output, RecordPolicy, Work};
 use crate::format::durability::Epochs;
+use crate::format::layout::round_up_block;
 use crate::format::{newest_first, Descriptor, Header, Layout};
 use parking_lot::{Condvar, Mutex, MutexGuard, RwLock, RwLockReadGuard};
 use std::collections::HashSet;
@@ -95,6 +96,8 @@ struct ReadStream {
     next: u64,
     /// Records below this were already asked for.
     ahead_until: u64,
+    /// The stream's descriptor tables were asked for (format 4 keeps them apart from the copies).
+    tables_asked: bool,
 }
 
 impl ReadStream {
@@ -437,21 +440,34 @@ impl Container {
     }
 
     /// A sequential reader's next records are asked of the lower file system before the
-    /// kernel asks for them: the slots of consecutive records are not adjacent on the lower
-    /// file, so its own read-ahead would not see the stream, and each record would wait for
-    /// the disk.
+    /// kernel asks for them: the lower file's own read-ahead does not see the stream where
+    /// copies are not adjacent (format 3's slots, or copies rewritten since), and each record
+    /// would wait for the disk.
     fn read_ahead(&self, first: u64, last: u64, records: u64) {
         let extents = {
             let mut st = self.state.lock();
             let Some(ahead) = st.stream.advance(first, last, records) else { return };
+            if !std::mem::replace(&mut st.stream.tables_asked, true) {
+                self.store.prefetch_tables(
+                    self.layout().record_to_group(ahead.start)..self.layout().record_to_group(records.saturating_sub(1)) + 1,
+                );
+            }
             let st = &mut *st;
             match self.store.stored_extents(&mut st.store, ahead) {
                 Ok(extents) => extents,
                 Err(_) => return, // the read itself reports it
             }
         };
+        // Copies packed one after another (format 4) are asked for as one range.
+        let mut ranges: Vec<(u64, u64)> = Vec::with_capacity(extents.len());
         for (off, len) in extents {
-            let _ = lower::will_need(self.store.lower(), off, len);
+            match ranges.last_mut() {
+                Some((start, end)) if off >= *start && off <= round_up_block(*end) => *end = (*end).max(off + len),
+                _ => ranges.push((off, off + len)),
+            }
+        }
+        for (start, end) in ranges {
+            let _ = lower::will_need(self.store.lower(), start, end - start);
         }
     }
 

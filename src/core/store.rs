@@ -14,7 +14,7 @@ use super::lower;
 use crate::checksum::ChecksumKind;
 use crate::codec::Setting;
 use crate::format::durability::Epochs;
-use crate::format::layout::{GROUP_RECORDS, HEADER_BLOCK, TABLE_SIZE};
+use crate::format::layout::{round_up_block, BLOCK, GROUP_RECORDS, HEADER_BLOCK, TABLE_SIZE};
 use crate::format::{
     decode_table, newest_first, Descriptor, FormatError, Header, Layout, Pair, SlotState, BIRTH_HEADER_SIZE, BIRTH_HEADER_XATTR,
 };
@@ -25,6 +25,9 @@ use std::sync::Arc;
 use tracing::{error, warn};
 
 mod slots;
+mod space;
+
+use space::{Extent, Space};
 
 /// Groups of descriptors cached per file (2 KiB each): tables are re-read when evicted, so a
 /// huge file's metadata does not grow memory without bound.
@@ -83,6 +86,12 @@ pub struct StoreState {
     /// descriptor pointing at a hole with an older copy behind it served in its place.
     /// With the epoch of the clear: a sync closing that epoch made it durable.
     deferred_punch: BTreeMap<(u64, usize), u64>,
+    /// Format 4: the places of copies a truncate cleared, with the epoch of the clear: given up
+    /// (punched, free for new copies) once a sync closing that epoch made the clear durable.
+    deferred_places: Vec<(u64, Extent)>,
+    /// Format 4: the lower file's free space, built from every table before the run places its
+    /// first copy (`Store::space`).
+    space: Option<Space>,
     /// Uncompressed copies this run wrote, per record and slot, with the blocks in which the
     /// record's newest version differs from them: the next copy into such a slot writes only
     /// those blocks (`write_copy`). A slot is listed only while its descriptor is the one written
@@ -168,7 +177,7 @@ impl StoreState {
 
     /// Whether closing needs a sync to free old copies.
     pub fn has_stale(&self) -> bool {
-        !self.stale.is_empty() || !self.deferred_punch.is_empty() || !self.kept_for_reuse.is_empty()
+        !self.stale.is_empty() || !self.deferred_punch.is_empty() || !self.deferred_places.is_empty() || !self.kept_for_reuse.is_empty()
     }
 
     /// Old copies an fsync kept for reuse wait to be freed.
@@ -242,6 +251,12 @@ pub struct ClosingSync {
     stale: BTreeSet<u64>,
     /// Every group was healed and its table written before the flush began.
     heal_written: bool,
+}
+
+/// The place a format-4 copy takes on the lower file (none for a hole or an inline copy, nor in
+/// earlier formats).
+fn placed_extent(d: &Descriptor) -> Option<Extent> {
+    (d.place != 0).then(|| (u64::from(d.place) * BLOCK, round_up_block(u64::from(d.stored_len))))
 }
 
 /// The lower file's modification time, as futimens takes it.
@@ -340,6 +355,8 @@ impl Store {
             kept_for_reuse: BTreeSet::new(),
             raw_copies: HashMap::new(),
             deferred_punch: BTreeMap::new(),
+            deferred_places: Vec::new(),
+            space: None,
             wrote: false,
             checked_size: 0,
             header_on_disk: true,
@@ -360,6 +377,7 @@ impl Store {
         // Announced (header written) with its first data or size.
         state.header_on_disk = false;
         state.know_group_0_empty();
+        state.space = header.layout.placed().then(|| Space::new(header.layout, Vec::new()));
         (store, state)
     }
 
@@ -413,6 +431,18 @@ impl Store {
         let mut block = vec![0u8; TABLE_SIZE as usize];
         lower::pread_full(&self.lower, &mut block, self.layout.group_to_table_off(group))?;
         Ok(decode_table(&block, group, self.layout))
+    }
+
+    /// Format 4: asks the lower file system for the table blocks of `groups` (at most 4096 of
+    /// them) without waiting: they lie apart from the packed copies, and a sequential reader
+    /// would otherwise stop for each one.
+    pub fn prefetch_tables(&self, groups: std::ops::Range<u64>) {
+        if !self.layout.placed() {
+            return;
+        }
+        for group in groups.start.max(1)..groups.end.min(groups.start + 4096) {
+            let _ = lower::will_need(&*self.lower, self.layout.group_to_table_off(group), TABLE_SIZE);
+        }
     }
 
     /// A record's two descriptors, from the cache or the lower file (healed on first load).
@@ -501,7 +531,7 @@ impl Store {
         let mut block = Vec::with_capacity(TABLE_SIZE as usize);
         for pair in table {
             for s in pair {
-                block.extend_from_slice(&s.encode());
+                block.extend_from_slice(&s.encode(self.layout.placed()));
             }
         }
         self.write_meta(st, &block, self.layout.group_to_table_off(group))?;
@@ -533,9 +563,47 @@ impl Store {
 
     /// The first group from `group` on whose region holds anything on the lower file. A group
     /// never written is a hole there (its table too), so SEEK_DATA skips it without reading.
+    ///
+    /// Format 4: copies lie anywhere, so a group counts when its own table block holds anything.
     pub fn next_stored_group(&self, group: u64) -> std::io::Result<Option<u64>> {
-        let from = if group == 0 { 0 } else { self.layout.group_to_table_off(group) };
-        Ok(lower::seek_data(&self.lower, from)?.map(|off| self.layout.lower_off_to_group(off).max(group)))
+        if !self.layout.placed() {
+            let from = if group == 0 { 0 } else { self.layout.group_to_table_off(group) };
+            return Ok(lower::seek_data(&self.lower, from)?.map(|off| self.layout.lower_off_to_group(off).max(group)));
+        }
+        let mut group = group;
+        loop {
+            let (table, table_end) = match group {
+                0 => (0, HEADER_BLOCK),
+                g => (self.layout.group_to_table_off(g), self.layout.group_to_table_off(g) + BLOCK),
+            };
+            let Some(off) = lower::seek_data(&self.lower, table)? else { return Ok(None) };
+            if off < table_end {
+                return Ok(Some(group));
+            }
+            group = self.layout.first_table_at_or_after(off).max(group + 1);
+        }
+    }
+
+    /// Format 4: the lower file's free space, built from every table (healed first) the first
+    /// time the run needs it.
+    fn space<'a>(&self, st: &'a mut StoreState) -> FsResult<&'a mut Space> {
+        if st.space.is_none() {
+            self.heal_all(st)?;
+            let mut used: Vec<Extent> = st.deferred_places.iter().map(|&(_, place)| place).collect();
+            let mut group = 0;
+            while let Some(found) = self.next_stored_group(group)? {
+                for record in found * GROUP_RECORDS..(found + 1) * GROUP_RECORDS {
+                    for s in self.pair(st, record)? {
+                        if let SlotState::Valid(d) = s {
+                            used.extend(placed_extent(&d));
+                        }
+                    }
+                }
+                group = found + 1;
+            }
+            st.space = Some(Space::new(self.layout, used));
+        }
+        Ok(st.space.as_mut().expect("BUG: built above"))
     }
 
     /// Records this run's epochs in the header, durably, before the run writes anything else
@@ -582,7 +650,7 @@ impl Store {
             self.announce(st)?;
         }
         st.touch();
-        let bytes = state.encode();
+        let bytes = state.encode(self.layout.placed());
         if let Some(copies) = st.raw_copies.get_mut(&record) {
             copies[slot] = None;
         }

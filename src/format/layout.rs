@@ -34,6 +34,9 @@ pub const MAX_RECORD_SHIFT: u8 = 20;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Layout {
     record_shift: u8,
+    /// Format 4: each copy lies where its descriptor says (`Descriptor::place`), packed in the
+    /// order written. Formats 1 to 3: in its record's slot (`record_to_slot_off`).
+    placed: bool,
 }
 
 /// The part of one record that a byte range touches.
@@ -53,13 +56,24 @@ impl Piece {
 }
 
 impl Layout {
-    /// `record_size` must be a power of two from 4 KiB to 1 MiB.
+    /// The geometry new files get (format 4: copies placed explicitly). `record_size` must be
+    /// a power of two from 4 KiB to 1 MiB.
     pub fn new(record_size: u64) -> Option<Layout> {
         if !record_size.is_power_of_two() {
             return None;
         }
         let shift = record_size.trailing_zeros() as u8;
-        (MIN_RECORD_SHIFT..=MAX_RECORD_SHIFT).contains(&shift).then_some(Layout { record_shift: shift })
+        (MIN_RECORD_SHIFT..=MAX_RECORD_SHIFT).contains(&shift).then_some(Layout { record_shift: shift, placed: true })
+    }
+
+    /// The same records with each copy in its record's slot (formats 1 to 3).
+    pub fn in_slots(self) -> Layout {
+        Layout { placed: false, ..self }
+    }
+
+    /// Whether descriptors say where their copies lie (format 4).
+    pub fn placed(&self) -> bool {
+        self.placed
     }
 
     pub fn from_shift(record_shift: u8) -> Option<Layout> {
@@ -114,6 +128,31 @@ impl Layout {
             0
         } else {
             1 + (off - group0_end) / (self.slots_span() + BLOCK)
+        }
+    }
+
+    /// The first group whose table lies at or after lower offset `off`.
+    pub fn first_table_at_or_after(&self, off: u64) -> u64 {
+        let group = self.lower_off_to_group(off);
+        if off <= self.group_to_table_off(group) {
+            group
+        } else {
+            group + 1
+        }
+    }
+
+    /// The table block (4 KiB) a copy must not overlap that is the first to end after `off`:
+    /// block 0 (header, inline area, group 0's table) or a later group's table block.
+    pub fn reserved_block_after(&self, off: u64) -> u64 {
+        if off < HEADER_BLOCK {
+            return 0;
+        }
+        let group = self.lower_off_to_group(off);
+        let table = self.group_to_table_off(group);
+        if group > 0 && off < table + BLOCK {
+            table
+        } else {
+            self.group_to_table_off(group + 1)
         }
     }
 

@@ -1,10 +1,10 @@
-//! The container format, version 3: byte maps and their encoders/decoders (see docs/FORMAT.md).
+//! The container format, version 4: byte maps and their encoders/decoders (see docs/FORMAT.md).
 //!
 //! Header copy (HEADER_COPY_SIZE bytes; two copies, at 0 and 64; the valid copy with the higher
 //! sequence number wins):
 //! ```text
 //!  0  8  magic "DENSEFS\0"
-//!  8  2  format version (u16 LE) = 3
+//!  8  2  format version (u16 LE): 4, or 3 for files of versions 1 to 3 (copies in slots)
 //! 10  1  record shift (12..=20: record size 4 KiB..1 MiB)
 //! 11  1  checksum kind (1 = crc32c, 2 = xxh3-64)
 //! 12  1  codec id new records get, or 255 = auto (the engine picks per record)
@@ -17,7 +17,8 @@
 //! 48 12  reserved, zero
 //! 60  4  crc32c of bytes 0..60 (u32 LE)
 //! ```
-//! Slot descriptor (DESCRIPTOR_SIZE = 32 bytes; all zero = empty slot):
+//! Slot descriptor of versions 1 to 3 (DESCRIPTOR_SIZE = 32 bytes; all zero = empty slot; the
+//! copy lies in its record's slot):
 //! ```text
 //!  0  4  generation (u32 LE; 0 = empty; the valid slot with the higher one is current)
 //!  4  4  stored length in the slot (u32 LE; 0 = an all-zero record kept as a hole)
@@ -28,6 +29,18 @@
 //! 15  1  epoch, bits 32..40
 //! 16  8  checksum of the stored bytes (crc32c zero-extended, or xxh3-64), u64 LE
 //! 24  4  epoch, bits 0..32: the file's sync epoch when this copy was written
+//! 28  4  crc32c of bytes 0..28 (u32 LE)
+//! ```
+//! Slot descriptor of version 4 (the copy lies where `place` says):
+//! ```text
+//!  0  4  generation (u32 LE; 0 = empty)
+//!  4  4  place: the copy's first byte on the lower file in 4 KiB blocks (u32 LE; 0 = none:
+//!        a hole or an inline copy)
+//!  8  8  checksum of the stored bytes, u64 LE
+//! 16  7  u56 LE: stored length (bits 0..21), logical length - 1 (21..41), epoch bits 32..40
+//!        (41..49), codec level (49..56, 7-bit two's complement, informational)
+//! 23  1  codec id (bits 0..4), flags (bits 4..8: bit 4 = inline)
+//! 24  4  epoch, bits 0..32
 //! 28  4  crc32c of bytes 0..28 (u32 LE)
 //! ```
 
@@ -41,12 +54,15 @@ pub use layout::{Layout, Piece};
 use layout::{GROUP0_TABLE_OFF, MAX_RECORD_SHIFT, TABLE_SIZE};
 
 pub const MAGIC: [u8; 8] = *b"DENSEFS\0";
-/// Version 3: version 2's bytes; a user's fsync takes one flush, so a header's `durable_below`
-/// may lag behind copies an fsync made durable, and a run keeps the suspect copies it finds
-/// intact as durable. Files of versions 1 and 2 are read too (docs/FORMAT.md, "Version
-/// history"); a header write makes them version 3. An older densefs refuses version 3: it would
-/// take an acknowledged copy past `durable_below` for an unsynced one.
-pub const FORMAT_VERSION: u16 = 3;
+/// Version 4: each descriptor says where its copy lies (`Descriptor::place`), so a file's copies
+/// are packed in the order written instead of one per fixed slot. Version 3: version 2's bytes;
+/// a user's fsync takes one flush, so a header's `durable_below` may lag behind copies an fsync
+/// made durable, and a run keeps the suspect copies it finds intact as durable. Files of
+/// versions 1 to 3 are read and written too (docs/FORMAT.md, "Version history"); a header
+/// write makes them version 3. An older densefs refuses the versions after its own.
+pub const FORMAT_VERSION: u16 = 4;
+/// What a header write makes a file of versions 1 to 3: its copies stay in their slots.
+pub const SLOTS_FORMAT_VERSION: u16 = 3;
 pub const HEADER_COPY_SIZE: usize = 64;
 pub const HEADER_COPY_STRIDE: usize = 64;
 /// Where the first densefs (format 1, before the inline area) kept header copy B.
@@ -130,7 +146,8 @@ impl Header {
     pub fn encode(&self) -> [u8; HEADER_COPY_SIZE] {
         let mut b = [0u8; HEADER_COPY_SIZE];
         b[0..8].copy_from_slice(&MAGIC);
-        b[8..10].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
+        let version = if self.layout.placed() { FORMAT_VERSION } else { SLOTS_FORMAT_VERSION };
+        b[8..10].copy_from_slice(&version.to_le_bytes());
         b[10] = self.layout.record_shift();
         b[11] = self.checksum as u8;
         let (codec_id, level) = self.setting.to_header();
@@ -167,7 +184,9 @@ impl Header {
         }
         let parsed = (|| {
             Ok(Header {
-                layout: Layout::from_shift(b[10]).ok_or(FormatError::BadField("record size"))?,
+                layout: Layout::from_shift(b[10])
+                    .map(|l| if version >= 4 { l } else { l.in_slots() })
+                    .ok_or(FormatError::BadField("record size"))?,
                 checksum: ChecksumKind::from_id(b[11]).ok_or(FormatError::BadField("checksum kind"))?,
                 setting: Setting::from_header(b[12], b[13] as i8).map_err(|_| FormatError::BadField("codec"))?,
                 size: le_u64(b, 16),
@@ -231,7 +250,9 @@ impl Header {
 fn has_record_table(block: &[u8]) -> bool {
     let table = GROUP0_TABLE_OFF as usize;
     let Some(bytes) = block.get(table..table + TABLE_SIZE as usize) else { return false };
-    bytes.chunks_exact(DESCRIPTOR_SIZE).any(|d| matches!(Descriptor::decode(d, 1 << MAX_RECORD_SHIFT), SlotState::Valid(_)))
+    bytes
+        .chunks_exact(DESCRIPTOR_SIZE)
+        .any(|d| [false, true].iter().any(|&placed| matches!(Descriptor::decode(d, 1 << MAX_RECORD_SHIFT, placed), SlotState::Valid(_))))
 }
 
 /// One slot's descriptor: which bytes the slot holds and how to check and decode them.
@@ -246,6 +267,9 @@ pub struct Descriptor {
     pub checksum: u64,
     /// The container's sync epoch when this copy was written (40 bits; see [`Header`]).
     pub epoch: u64,
+    /// Format 4: the copy's first byte on the lower file, in 4 KiB blocks (0: nothing there, a
+    /// hole or an inline copy). Formats 1 to 3: 0, the copy lies in its record's slot.
+    pub place: u32,
 }
 
 /// Descriptor flag: the stored bytes are in block 0's inline area, not in the slot.
@@ -261,17 +285,31 @@ pub enum SlotState {
 }
 
 impl SlotState {
-    /// The bytes written for this state: a damaged slot is rewritten as empty.
-    pub fn encode(&self) -> [u8; DESCRIPTOR_SIZE] {
+    /// The bytes written for this state: a damaged slot is rewritten as empty. `placed`: the
+    /// file's layout is format 4's.
+    pub fn encode(&self, placed: bool) -> [u8; DESCRIPTOR_SIZE] {
         match self {
-            SlotState::Valid(d) => d.encode(),
+            SlotState::Valid(d) => d.encode(placed),
             _ => [0u8; DESCRIPTOR_SIZE],
         }
     }
 }
 
+/// Format 4's packed u56 (bytes 16..23 of a descriptor): stored length (21 bits, up to 1 MiB),
+/// logical length - 1 (20 bits), epoch bits 32..40 (8), codec level (7, signed).
+const STORED_BITS: u32 = 21;
+const LOGICAL_BITS: u32 = 20;
+const EPOCH_HIGH_AT: u32 = STORED_BITS + LOGICAL_BITS;
+const LEVEL_AT: u32 = EPOCH_HIGH_AT + 8;
+/// Format 4 keeps levels -64..=63 (every codec's are within -10..=19).
+const LEVEL_BITS: u32 = 56 - LEVEL_AT;
+
 impl Descriptor {
-    pub fn encode(&self) -> [u8; DESCRIPTOR_SIZE] {
+    /// The descriptor's bytes in format 4 (`placed`) or in formats 1 to 3.
+    pub fn encode(&self, placed: bool) -> [u8; DESCRIPTOR_SIZE] {
+        if placed {
+            return self.encode_placed();
+        }
         let mut b = [0u8; DESCRIPTOR_SIZE];
         b[0..4].copy_from_slice(&self.generation.to_le_bytes());
         b[4..8].copy_from_slice(&self.stored_len.to_le_bytes());
@@ -287,7 +325,26 @@ impl Descriptor {
         b
     }
 
-    pub fn decode(b: &[u8], record_size: u64) -> SlotState {
+    fn encode_placed(&self) -> [u8; DESCRIPTOR_SIZE] {
+        let mut b = [0u8; DESCRIPTOR_SIZE];
+        b[0..4].copy_from_slice(&self.generation.to_le_bytes());
+        b[4..8].copy_from_slice(&self.place.to_le_bytes());
+        b[8..16].copy_from_slice(&self.checksum.to_le_bytes());
+        let level = (self.level as i64).clamp(-(1 << (LEVEL_BITS - 1)), (1 << (LEVEL_BITS - 1)) - 1) as u64;
+        let packed = (self.stored_len as u64 & ((1 << STORED_BITS) - 1))
+            | ((self.logical_len as u64).wrapping_sub(1) & ((1 << LOGICAL_BITS) - 1)) << STORED_BITS
+            | (self.epoch >> 32 & 0xff) << EPOCH_HIGH_AT
+            | (level & ((1 << LEVEL_BITS) - 1)) << LEVEL_AT;
+        b[16..23].copy_from_slice(&packed.to_le_bytes()[..7]);
+        b[23] = (self.codec_id & 0x0f) | self.flags << 4;
+        b[24..28].copy_from_slice(&(self.epoch as u32).to_le_bytes());
+        let crc = crc32c::crc32c(&b[..28]);
+        b[28..32].copy_from_slice(&crc.to_le_bytes());
+        b
+    }
+
+    /// Reads a descriptor of format 4 (`placed`) or of formats 1 to 3.
+    pub fn decode(b: &[u8], record_size: u64, placed: bool) -> SlotState {
         debug_assert_eq!(b.len(), DESCRIPTOR_SIZE);
         if b.iter().all(|&x| x == 0) {
             return SlotState::Empty;
@@ -295,17 +352,39 @@ impl Descriptor {
         if crc32c::crc32c(&b[..28]) != le_u32(b, 28) {
             return SlotState::Damaged;
         }
-        let d = Descriptor {
-            generation: le_u32(b, 0),
-            stored_len: le_u32(b, 4),
-            logical_len: le_u32(b, 8),
-            codec_id: b[12],
-            level: b[13] as i8,
-            flags: b[14],
-            checksum: le_u64(b, 16),
-            epoch: le_u32(b, 24) as u64 | (b[15] as u64) << 32,
+        let d = if placed {
+            let mut packed = [0u8; 8];
+            packed[..7].copy_from_slice(&b[16..23]);
+            let packed = u64::from_le_bytes(packed);
+            Descriptor {
+                generation: le_u32(b, 0),
+                stored_len: (packed & ((1 << STORED_BITS) - 1)) as u32,
+                logical_len: (packed >> STORED_BITS & ((1 << LOGICAL_BITS) - 1)) as u32 + 1,
+                codec_id: b[23] & 0x0f,
+                // Sign-extended from its 7 bits.
+                level: ((packed >> LEVEL_AT << (64 - LEVEL_BITS)) as i64 >> (64 - LEVEL_BITS)) as i8,
+                flags: b[23] >> 4,
+                checksum: le_u64(b, 8),
+                epoch: le_u32(b, 24) as u64 | (packed >> EPOCH_HIGH_AT & 0xff) << 32,
+                place: le_u32(b, 4),
+            }
+        } else {
+            Descriptor {
+                generation: le_u32(b, 0),
+                stored_len: le_u32(b, 4),
+                logical_len: le_u32(b, 8),
+                codec_id: b[12],
+                level: b[13] as i8,
+                flags: b[14],
+                checksum: le_u64(b, 16),
+                epoch: le_u32(b, 24) as u64 | (b[15] as u64) << 32,
+                place: 0,
+            }
         };
+        // Format 4: a stored copy outside block 0 says where it is, nothing else does.
+        let placed_right = !placed || ((d.place != 0) == (d.stored_len > 0 && !d.is_inline()));
         let sane = d.generation != 0
+            && placed_right
             && d.logical_len >= 1
             && d.logical_len as u64 <= record_size
             && d.stored_len as u64 <= record_size
@@ -340,10 +419,10 @@ pub type Pair = [SlotState; 2];
 /// Decodes a group's table (TABLE_SIZE bytes). Descriptors that break a rule only the table's
 /// position reveals (inline anywhere but record 0's slot 0) are damaged too.
 pub fn decode_table(block: &[u8], group: u64, layout: Layout) -> Box<[Pair]> {
-    let rs = layout.record_size();
+    let (rs, placed) = (layout.record_size(), layout.placed());
     let mut table: Box<[Pair]> = block
         .chunks_exact(2 * DESCRIPTOR_SIZE)
-        .map(|e| [Descriptor::decode(&e[..DESCRIPTOR_SIZE], rs), Descriptor::decode(&e[DESCRIPTOR_SIZE..], rs)])
+        .map(|e| [Descriptor::decode(&e[..DESCRIPTOR_SIZE], rs, placed), Descriptor::decode(&e[DESCRIPTOR_SIZE..], rs, placed)])
         .collect();
     for (i, pair) in table.iter_mut().enumerate() {
         for (slot, s) in pair.iter_mut().enumerate() {
@@ -459,9 +538,19 @@ mod tests {
 
     #[test]
     fn a_container_whose_headers_were_overwritten_is_not_taken_for_a_plain_file() {
-        let d = Descriptor { generation: 1, stored_len: 100, logical_len: 4096, codec_id: 1, level: 0, flags: 0, checksum: 7, epoch: 0 };
+        let d = Descriptor {
+            generation: 1,
+            stored_len: 100,
+            logical_len: 4096,
+            codec_id: 1,
+            level: 0,
+            flags: 0,
+            checksum: 7,
+            epoch: 0,
+            place: 0,
+        };
         let mut block = vec![0u8; 4096];
-        block[2048 + 5 * 64..2048 + 5 * 64 + 32].copy_from_slice(&d.encode());
+        block[2048 + 5 * 64..2048 + 5 * 64 + 32].copy_from_slice(&d.encode(false));
         assert_eq!(Header::decode(&block), Err(FormatError::HeaderLost));
         block[..128].iter_mut().enumerate().for_each(|(i, b)| *b = i as u8 ^ 0x5a); // garbage, no magic
         assert_eq!(Header::decode(&block), Err(FormatError::HeaderLost));
@@ -481,25 +570,68 @@ mod tests {
             flags: 0,
             checksum: 0xdead_beef,
             epoch: (7 << 32) | 2,
+            place: 0,
         };
-        let b = d.encode();
-        assert_eq!(Descriptor::decode(&b, 4096), SlotState::Valid(d));
-        assert_eq!(Descriptor::decode(&[0u8; 32], 4096), SlotState::Empty);
-        for i in 0..32 {
-            let mut bad = b;
-            bad[i] ^= 0x10;
-            assert_eq!(Descriptor::decode(&bad, 4096), SlotState::Damaged, "byte {i}");
+        // Format 4 also says where the copy lies.
+        let placed = Descriptor { place: 9, ..d };
+        for (placed_layout, d) in [(false, d), (true, placed)] {
+            let b = d.encode(placed_layout);
+            assert_eq!(Descriptor::decode(&b, 4096, placed_layout), SlotState::Valid(d));
+            assert_eq!(Descriptor::decode(&[0u8; 32], 4096, placed_layout), SlotState::Empty);
+            for i in 0..32 {
+                let mut bad = b;
+                bad[i] ^= 0x10;
+                assert_eq!(Descriptor::decode(&bad, 4096, placed_layout), SlotState::Damaged, "byte {i}");
+            }
+            // Lengths beyond the record size are damage even with a good crc.
+            assert_eq!(Descriptor::decode(&d.encode(placed_layout), 2048, placed_layout), SlotState::Damaged);
+            let unknown = Descriptor { codec_id: 77, ..d }.encode(placed_layout);
+            assert_eq!(Descriptor::decode(&unknown, 4096, placed_layout), SlotState::Damaged);
+            let inline = Descriptor { flags: FLAG_INLINE, place: 0, ..d };
+            assert_eq!(Descriptor::decode(&inline.encode(placed_layout), 4096, placed_layout), SlotState::Valid(inline));
+            let too_big = Descriptor { flags: FLAG_INLINE, stored_len: 3000, place: 0, ..d };
+            assert_eq!(Descriptor::decode(&too_big.encode(placed_layout), 4096, placed_layout), SlotState::Damaged);
+            let unknown_flag = Descriptor { flags: 2, ..d };
+            assert_eq!(Descriptor::decode(&unknown_flag.encode(placed_layout), 4096, placed_layout), SlotState::Damaged);
         }
-        // Lengths beyond the record size are damage even with a good crc.
-        assert_eq!(Descriptor::decode(&d.encode(), 2048), SlotState::Damaged);
-        let unknown = Descriptor { codec_id: 77, ..d }.encode();
-        assert_eq!(Descriptor::decode(&unknown, 4096), SlotState::Damaged);
-        let inline = Descriptor { flags: FLAG_INLINE, ..d };
-        assert_eq!(Descriptor::decode(&inline.encode(), 4096), SlotState::Valid(inline));
-        let too_big = Descriptor { flags: FLAG_INLINE, stored_len: 3000, ..d };
-        assert_eq!(Descriptor::decode(&too_big.encode(), 4096), SlotState::Damaged);
-        let unknown_flag = Descriptor { flags: 2, ..d };
-        assert_eq!(Descriptor::decode(&unknown_flag.encode(), 4096), SlotState::Damaged);
+        // Format 4: a stored copy without a place, or a hole or inline copy with one, is damage.
+        let nowhere = Descriptor { place: 0, ..placed };
+        assert_eq!(Descriptor::decode(&nowhere.encode(true), 4096, true), SlotState::Damaged);
+        let hole_somewhere = Descriptor { stored_len: 0, ..placed };
+        assert_eq!(Descriptor::decode(&hole_somewhere.encode(true), 4096, true), SlotState::Damaged);
+        let hole = Descriptor { stored_len: 0, place: 0, ..placed };
+        assert_eq!(Descriptor::decode(&hole.encode(true), 4096, true), SlotState::Valid(hole));
+        // The largest values each field takes survive the packing.
+        let widest = Descriptor {
+            generation: u32::MAX,
+            stored_len: 1 << 20,
+            logical_len: 1 << 20,
+            codec_id: 5,
+            level: -64,
+            flags: 0,
+            checksum: u64::MAX,
+            epoch: (1 << 40) - 1,
+            place: u32::MAX,
+        };
+        assert_eq!(Descriptor::decode(&widest.encode(true), 1 << 20, true), SlotState::Valid(widest));
+        let fast = Descriptor { level: -10, ..placed };
+        assert_eq!(Descriptor::decode(&fast.encode(true), 4096, true), SlotState::Valid(fast));
+        let strong = Descriptor { level: 19, logical_len: 1, ..placed };
+        assert_eq!(Descriptor::decode(&strong.encode(true), 4096, true), SlotState::Valid(strong));
+    }
+
+    #[test]
+    fn format_4_headers_say_so_and_older_ones_keep_their_slots() {
+        let h = header();
+        assert!(h.layout.placed());
+        let b = h.encode();
+        assert_eq!(le_u16(&b, 8), FORMAT_VERSION);
+        let slots = Header { layout: h.layout.in_slots(), ..h };
+        let b = slots.encode();
+        assert_eq!(le_u16(&b, 8), SLOTS_FORMAT_VERSION);
+        assert_eq!(Header::decode(&block_with(&[(0, b)])), Ok(Some(slots)));
+        assert!(!Header::decode_birth(&slots.encode_birth()).unwrap().layout.placed());
+        assert!(Header::decode_birth(&h.encode_birth()).unwrap().layout.placed());
     }
 
     #[test]

@@ -237,3 +237,25 @@ pub fn wait_until(what: &str, mut ok: impl FnMut() -> bool) {
         std::thread::sleep(Duration::from_millis(200));
     }
 }
+
+/// Where record `record`'s copy in `slot` lies on a lower container file: where its descriptor
+/// says (format 4), or its slot (formats 1 to 3).
+pub fn copy_offset(lower_file: &Path, record: u64, slot: usize) -> u64 {
+    copy_descriptor(lower_file, record, slot).0
+}
+
+/// Record `record`'s copy in `slot` on a lower container file: (offset, stored length).
+pub fn copy_descriptor(lower_file: &Path, record: u64, slot: usize) -> (u64, u64) {
+    use densefs::format::layout::TABLE_SIZE;
+    use densefs::format::{decode_table, Header, SlotState};
+    let raw = std::fs::read(lower_file).unwrap();
+    let layout = Header::decode(&raw[..raw.len().min(4096)]).unwrap().expect("a container").layout;
+    let group = layout.record_to_group(record);
+    let at = layout.group_to_table_off(group) as usize;
+    let table = decode_table(&raw[at..at + TABLE_SIZE as usize], group, layout);
+    match table[layout.record_to_entry_index(record)][slot] {
+        SlotState::Valid(d) if layout.placed() => (u64::from(d.place) * 4096, u64::from(d.stored_len)),
+        SlotState::Valid(d) => (layout.record_to_slot_off(record, slot), u64::from(d.stored_len)),
+        other => panic!("record {record} slot {slot}: {other:?}"),
+    }
+}

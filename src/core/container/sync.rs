@@ -221,7 +221,23 @@ impl Container {
     /// After a rewrite the last record's copy may sit in its second slot, past where the lower
     /// file ended: it is written again into its first slot (free once the sync reclaimed it) and
     /// the lower file cut after it, so recompress never makes the lower file longer.
+    ///
+    /// Format 4: the new copies lie past the old ones, freed by the sync; the last ones are
+    /// written again into the free space below (a record at a time, at most a group's worth),
+    /// and the lower file is cut after them.
     fn compact_tail(self: &Arc<Self>) -> FsResult<()> {
+        if self.layout().placed() {
+            for _ in 0..GROUP_RECORDS {
+                let movable = {
+                    let _io = self.slot_io.read();
+                    self.store.movable_tail(&mut self.state.lock().store)?
+                };
+                let Some(record) = movable else { break };
+                self.load(record, false)?;
+                self.sync(true)?;
+            }
+            return Ok(());
+        }
         let records = self.layout().plain_size_to_records(self.size());
         let Some(last) = records.checked_sub(1) else { return Ok(()) };
         let in_second_slot = {

@@ -1,14 +1,14 @@
 //! The store's slots: reading and writing record copies, reclaiming old copies after a sync,
 //! and cutting the lower file (truncates, an emptied file, recompress's tail).
 
-use super::{ClosingSync, RawCopy, Store, StoreState};
+use super::{placed_extent, ClosingSync, Extent, RawCopy, Space, Store, StoreState};
 use crate::codec::Codec;
 use crate::core::changed::Changed;
 use crate::core::error::{FsError, FsResult};
 use crate::core::lower;
 use crate::engine::Encoded;
 use crate::format::durability::Reclaim;
-use crate::format::layout::{round_up_block, GROUP_RECORDS, HEADER_BLOCK, INLINE_CAPACITY, INLINE_OFF};
+use crate::format::layout::{round_up_block, BLOCK, GROUP_RECORDS, HEADER_BLOCK, INLINE_CAPACITY, INLINE_OFF};
 use crate::format::{newest_first, Descriptor, FormatError, SlotState, FLAG_INLINE};
 use std::collections::BTreeSet;
 
@@ -20,9 +20,20 @@ impl Store {
     /// a hole.
     pub fn read_copy(&self, record: u64, slot: usize, d: &Descriptor) -> std::io::Result<Vec<u8>> {
         let mut stored = vec![0u8; d.stored_len as usize];
-        let at = if d.is_inline() { INLINE_OFF } else { self.layout.record_to_slot_off(record, slot) };
-        lower::pread_full(&self.lower, &mut stored, at)?;
+        lower::pread_full(&self.lower, &mut stored, self.copy_at(record, slot, d))?;
         Ok(stored)
+    }
+
+    /// Where a copy's stored bytes begin on the lower file: block 0's inline area, the place its
+    /// descriptor names (format 4), or its record's slot (formats 1 to 3).
+    fn copy_at(&self, record: u64, slot: usize, d: &Descriptor) -> u64 {
+        if d.is_inline() {
+            INLINE_OFF
+        } else if self.layout.placed() {
+            u64::from(d.place) * BLOCK
+        } else {
+            self.layout.record_to_slot_off(record, slot)
+        }
     }
 
     /// Where the newest copies of `records` lie on the lower file (offset, length), for
@@ -33,7 +44,7 @@ impl Store {
             let pair = self.pair(st, record)?;
             if let Some(&(slot, d)) = newest_first(&pair).first() {
                 if !d.is_hole() && !d.is_inline() {
-                    extents.push((self.layout.record_to_slot_off(record, slot), u64::from(d.stored_len)));
+                    extents.push((self.copy_at(record, slot, &d), u64::from(d.stored_len)));
                 }
             }
         }
@@ -63,14 +74,6 @@ impl Store {
         let generation = found.first().map_or(0, |(_, d)| d.generation) + 1;
         let stored = encoded.bytes.len() as u64;
         let inline = record == 0 && target == 0 && stored > 0 && stored <= INLINE_CAPACITY;
-        let slot_off = self.layout.record_to_slot_off(record, target);
-        // Bytes the slot's own area held and holds now (an inline copy holds none of it).
-        let old_len = match pair[target] {
-            SlotState::Valid(d) if d.is_inline() => 0,
-            SlotState::Valid(d) => round_up_block(d.stored_len as u64),
-            SlotState::Damaged => self.layout.record_size(),
-            SlotState::Empty => 0,
-        };
         let new_len = if inline { 0 } else { round_up_block(stored) };
         if only_if_smaller {
             // Recompress keeps what was smaller: a stronger codec must never make a file take
@@ -82,6 +85,16 @@ impl Store {
                 }
             }
         }
+        // Where the target's copy lies now (format 4: its place; earlier: its slot, whose area
+        // holds what its descriptor says, or anything if that is damaged).
+        let placed = self.layout.placed();
+        let (old_at, old_len) = match pair[target] {
+            SlotState::Valid(d) if d.is_inline() => (0, 0),
+            SlotState::Valid(d) if placed => placed_extent(&d).unwrap_or((0, 0)),
+            SlotState::Valid(d) => (self.layout.record_to_slot_off(record, target), round_up_block(d.stored_len as u64)),
+            SlotState::Damaged if !placed => (self.layout.record_to_slot_off(record, target), self.layout.record_size()),
+            SlotState::Damaged | SlotState::Empty => (0, 0),
+        };
         // Taken out before anything can fail: a failed write leaves the slots unknown.
         let mut copies = st.raw_copies.remove(&record).unwrap_or_default();
         let raw = encoded.codec == Codec::Off && stored > 0 && !inline;
@@ -90,23 +103,61 @@ impl Store {
         // Before the slot is written: a new file's data never reaches its lower file ahead of a
         // durable header.
         self.announce(st)?;
-        if st.deferred_punch.contains_key(&(record, target)) {
+        if !placed && st.deferred_punch.contains_key(&(record, target)) {
             self.make_clears_durable(st)?;
         }
+        // Format 4: the copy goes over the target's old one if it fits there (as a slot would
+        // be overwritten), else to a free place. Either may go: the target holds the older copy
+        // (the current one is durable) or a current one not yet durable (docs/FORMAT.md).
+        let in_place = !placed || (new_len > 0 && new_len <= old_len);
+        let copy_off = if new_len == 0 {
+            0
+        } else if in_place {
+            if placed {
+                old_at
+            } else {
+                self.layout.record_to_slot_off(record, target)
+            }
+        } else {
+            let at = self.space(st)?.place(new_len);
+            if at / BLOCK > u64::from(u32::MAX) {
+                return Err(FsError::new(libc::EFBIG, format!("{}: the lower file would outgrow 16 TiB", self.label())));
+            }
+            at
+        };
         st.touch();
         if stored > 0 {
             if inline {
                 self.write_meta(st, &encoded.bytes, INLINE_OFF)?;
             } else if let Some(copy) = in_target {
                 for (start, end) in copy.behind.union(changed).ranges(encoded.bytes.len()) {
-                    lower::pwrite_all(&self.lower, &encoded.bytes[start..end], slot_off + start as u64)?;
+                    lower::pwrite_all(&self.lower, &encoded.bytes[start..end], copy_off + start as u64)?;
                 }
-            } else {
-                lower::pwrite_all(&self.lower, &encoded.bytes, slot_off)?;
+            } else if let Err(e) = lower::pwrite_all(&self.lower, &encoded.bytes, copy_off) {
+                if !in_place {
+                    // A new place no descriptor names: what the failed write took (a full disk
+                    // keeps a short write's blocks) goes back, for the retry to use.
+                    let _ = lower::punch_hole(&self.lower, copy_off, new_len);
+                    self.space(st)?.give_up((copy_off, new_len));
+                }
+                return Err(e.into());
             }
         }
-        if old_len > new_len {
-            lower::punch_hole(&self.lower, slot_off + new_len, old_len - new_len)?;
+        // What the target's old copy held past the new one (all of it, if the copy moved).
+        let given_up: Option<Extent> = match (in_place, new_len) {
+            _ if old_len == 0 => None,
+            (true, 0) if !placed => Some((self.layout.record_to_slot_off(record, target), old_len)),
+            (true, n) if n > 0 && old_len > n => Some((copy_off + n, old_len - n)),
+            (true, _) => None,
+            (false, _) => Some((old_at, old_len)),
+        };
+        if in_place {
+            if let Some((at, len)) = given_up {
+                lower::punch_hole(&self.lower, at, len)?;
+                if let Some(space) = st.space.as_mut() {
+                    space.give_up((at, len));
+                }
+            }
         }
         let descriptor = Descriptor {
             generation,
@@ -117,8 +168,17 @@ impl Store {
             flags: if inline { FLAG_INLINE } else { 0 },
             checksum: encoded.checksum,
             epoch: st.epochs.epoch,
+            place: if placed && new_len > 0 { (copy_off / BLOCK) as u32 } else { 0 },
         };
+        if placed && !in_place && old_len > 0 {
+            self.space(st)?; // built while the old descriptor still names the place it gives up
+        }
         self.set_descriptor(st, record, target, SlotState::Valid(descriptor))?;
+        // A copy that moved gives its old place up once its descriptor no longer names it.
+        if let (false, Some((at, len))) = (in_place, given_up) {
+            lower::punch_hole(&self.lower, at, len)?;
+            self.space(st)?.give_up((at, len));
+        }
         if pair[1 - target] != SlotState::Empty {
             st.stale.insert(record);
         }
@@ -165,13 +225,76 @@ impl Store {
         let (cleared, later) = std::mem::take(&mut st.deferred_punch).into_iter().partition(|&(_, epoch)| epoch <= closing.epoch);
         st.deferred_punch = later;
         self.punch_cleared(st, cleared.into_keys())?;
+        if !st.deferred_places.is_empty() {
+            self.space(st)?; // built while the places to give up still count as used
+        }
+        let (cleared, later) = std::mem::take(&mut st.deferred_places).into_iter().partition(|&(epoch, _)| epoch <= closing.epoch);
+        st.deferred_places = later;
+        self.give_up_places(st, cleared)?;
         let records = closing.stale;
         if keep_for_reuse {
             st.kept_for_reuse.extend(records);
             return Ok(());
         }
         let kept = std::mem::take(&mut st.kept_for_reuse);
-        self.free_old_copies(st, records.into_iter().chain(kept).collect())
+        self.free_old_copies(st, records.into_iter().chain(kept).collect())?;
+        self.trim_lower(st)
+    }
+
+    /// Format 4: punches the places of copies whose cleared descriptors are durable now and
+    /// makes them free for new copies; the lower file is cut after the last place and table it
+    /// still needs.
+    fn give_up_places(&self, st: &mut StoreState, places: Vec<(u64, Extent)>) -> FsResult<()> {
+        if places.is_empty() {
+            return Ok(());
+        }
+        st.touch();
+        for (_, (at, len)) in places {
+            lower::punch_hole(&self.lower, at, len)?;
+            self.space(st)?.give_up((at, len));
+        }
+        self.trim_lower(st)
+    }
+
+    /// Format 4: cuts the lower file after the last place and table it still needs.
+    fn trim_lower(&self, st: &mut StoreState) -> FsResult<()> {
+        let Some(frontier) = st.space.as_ref().map(Space::frontier) else { return Ok(()) };
+        let records = self.layout.plain_size_to_records(st.size);
+        let last_table_end = match records.checked_sub(1).map(|r| self.layout.record_to_group(r)) {
+            None | Some(0) => HEADER_BLOCK,
+            Some(group) => self.layout.group_to_table_off(group) + BLOCK,
+        };
+        let keep = frontier.max(last_table_end);
+        if self.lower.metadata()?.len() > keep {
+            st.touch();
+            self.lower.set_len(keep)?;
+        }
+        Ok(())
+    }
+
+    /// Format 4: the record whose current copy lies last on the lower file, if free space below
+    /// would hold it (after a rewrite the new copies lie past the old ones, freed since).
+    pub fn movable_tail(&self, st: &mut StoreState) -> FsResult<Option<u64>> {
+        if !self.layout.placed() {
+            return Ok(None);
+        }
+        self.space(st)?;
+        let mut last: Option<(u64, u64, u64)> = None; // (place, length, record)
+        let mut group = 0;
+        while let Some(found) = self.next_stored_group(group)? {
+            for record in found * GROUP_RECORDS..(found + 1) * GROUP_RECORDS {
+                if let Some(&(_, d)) = newest_first(&self.pair(st, record)?).first() {
+                    if let Some((at, len)) = placed_extent(&d) {
+                        if last.is_none_or(|(a, _, _)| at > a) {
+                            last = Some((at, len, record));
+                        }
+                    }
+                }
+            }
+            group = found + 1;
+        }
+        let space = st.space.as_ref().expect("BUG: built above");
+        Ok(last.filter(|&(at, len, _)| space.has_room_below(len, at)).map(|(_, _, record)| record))
     }
 
     /// Frees the old copies an fsync kept for reuse (the writeback tick); a record rewritten
@@ -198,8 +321,18 @@ impl Store {
                     st.stale.insert(record);
                 }
                 Reclaim::Free(other) => {
+                    let old = match pair[other] {
+                        SlotState::Valid(d) if self.layout.placed() => placed_extent(&d),
+                        _ if self.layout.placed() => None,
+                        _ => Some((self.layout.record_to_slot_off(record, other), rs)),
+                    };
                     self.set_descriptor(st, record, other, SlotState::Empty)?;
-                    lower::punch_hole(&self.lower, self.layout.record_to_slot_off(record, other), rs)?;
+                    if let Some((at, len)) = old {
+                        lower::punch_hole(&self.lower, at, len)?;
+                        if let Some(space) = st.space.as_mut().filter(|_| self.layout.placed()) {
+                            space.give_up((at, len));
+                        }
+                    }
                 }
             }
         }
@@ -214,6 +347,9 @@ impl Store {
     pub fn discard_from(&self, st: &mut StoreState, first: u64) -> FsResult<()> {
         st.stale = st.stale.range(..first).copied().collect();
         st.kept_for_reuse = st.kept_for_reuse.range(..first).copied().collect();
+        if self.layout.placed() {
+            return self.discard_placed_from(st, first);
+        }
         let clear_end = if first > 0 && first % GROUP_RECORDS == 0 { first } else { (first / GROUP_RECORDS + 1) * GROUP_RECORDS };
         for record in first..clear_end {
             let pair = self.pair(st, record)?;
@@ -242,6 +378,35 @@ impl Store {
         Ok(())
     }
 
+    /// Format 4's `discard_from`: copies lie anywhere, so no cut of the lower file drops a
+    /// record with its table. Every descriptor from `first` on is cleared; their places are
+    /// punched and reused after the next sync made the clears durable, and the lower file is
+    /// cut then (`give_up_places`).
+    fn discard_placed_from(&self, st: &mut StoreState, first: u64) -> FsResult<()> {
+        let mut group = self.layout.record_to_group(first);
+        while let Some(found) = self.next_stored_group(group)? {
+            for record in (found * GROUP_RECORDS).max(first)..(found + 1) * GROUP_RECORDS {
+                let pair = self.pair(st, record)?;
+                for (slot, s) in pair.iter().enumerate() {
+                    if *s != SlotState::Empty {
+                        if let SlotState::Valid(d) = s {
+                            if let Some(place) = placed_extent(d) {
+                                st.deferred_places.push((st.epochs.epoch, place));
+                            }
+                        }
+                        self.set_descriptor(st, record, slot, SlotState::Empty)?;
+                    }
+                }
+            }
+            group = found + 1;
+        }
+        st.raw_copies.retain(|&r, _| r < first);
+        if st.header_on_disk && st.size < st.persisted_size {
+            self.write_header_sized(st, st.size, false)?;
+        }
+        Ok(())
+    }
+
     /// A file truncated to nothing becomes an empty lower file again (no header block), so it
     /// takes no more space than an empty plain file. Crash-safe: an empty lower file is an empty
     /// file, whatever else of the truncate a power cut keeps or undoes.
@@ -263,13 +428,19 @@ impl Store {
         st.stale.clear();
         st.kept_for_reuse.clear();
         st.deferred_punch.clear();
+        st.deferred_places.clear();
+        st.space = self.layout.placed().then(|| Space::new(self.layout, Vec::new()));
         st.heal_complete = true;
         st.know_group_0_empty();
         Ok(())
     }
 
     /// Whether the last record's only copy sits in its second slot (after a rewrite).
+    /// (Format 4 has no second slot to sit in: a copy takes the first free place.)
     pub fn tail_in_second_slot(&self, st: &mut StoreState, last: u64) -> FsResult<bool> {
+        if self.layout.placed() {
+            return Ok(false);
+        }
         let pair = self.pair(st, last)?;
         Ok(pair[0] == SlotState::Empty && matches!(pair[1], SlotState::Valid(d) if !d.is_hole()))
     }
