@@ -444,7 +444,7 @@ impl Container {
     /// copies are not adjacent (format 3's slots, or copies rewritten since), and each record
     /// would wait for the disk.
     fn read_ahead(&self, first: u64, last: u64, records: u64) {
-        let extents = {
+        let mut extents = {
             let mut st = self.state.lock();
             let Some(ahead) = st.stream.advance(first, last, records) else { return };
             if !std::mem::replace(&mut st.stream.tables_asked, true) {
@@ -458,7 +458,9 @@ impl Container {
                 Err(_) => return, // the read itself reports it
             }
         };
-        // Copies packed one after another (format 4) are asked for as one range.
+        // Copies packed one after another (format 4) are asked for as one range: they lie in the
+        // order they landed, about the records' order.
+        extents.sort_unstable();
         let mut ranges: Vec<(u64, u64)> = Vec::with_capacity(extents.len());
         for (off, len) in extents {
             match ranges.last_mut() {
