@@ -590,20 +590,35 @@ impl Store {
         if st.space.is_none() {
             self.heal_all(st)?;
             let mut used: Vec<Extent> = st.deferred_places.iter().map(|&(_, place)| place).collect();
-            let mut group = 0;
-            while let Some(found) = self.next_stored_group(group)? {
-                for record in found * GROUP_RECORDS..(found + 1) * GROUP_RECORDS {
-                    for s in self.pair(st, record)? {
-                        if let SlotState::Valid(d) = s {
-                            used.extend(placed_extent(&d));
-                        }
-                    }
-                }
-                group = found + 1;
-            }
+            self.visit_pairs(st, 0, |_, _, pair| {
+                used.extend(pair.iter().filter_map(|s| match s {
+                    SlotState::Valid(d) => placed_extent(d),
+                    _ => None,
+                }));
+                Ok(())
+            })?;
             st.space = Some(Space::new(self.layout, used));
         }
         Ok(st.space.as_mut().expect("BUG: built above"))
+    }
+
+    /// Calls `visit` with each record from `first` on and its descriptors, in the groups whose
+    /// regions hold anything on the lower file (`next_stored_group`).
+    fn visit_pairs(
+        &self,
+        st: &mut StoreState,
+        first: u64,
+        mut visit: impl FnMut(&mut StoreState, u64, Pair) -> FsResult<()>,
+    ) -> FsResult<()> {
+        let mut group = self.layout.record_to_group(first);
+        while let Some(found) = self.next_stored_group(group)? {
+            for record in (found * GROUP_RECORDS).max(first)..(found + 1) * GROUP_RECORDS {
+                let pair = self.pair(st, record)?;
+                visit(st, record, pair)?;
+            }
+            group = found + 1;
+        }
+        Ok(())
     }
 
     /// Records this run's epochs in the header, durably, before the run writes anything else

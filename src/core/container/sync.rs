@@ -227,12 +227,18 @@ impl Container {
     /// and the lower file is cut after them.
     fn compact_tail(self: &Arc<Self>) -> FsResult<()> {
         if self.layout().placed() {
-            for _ in 0..GROUP_RECORDS {
+            let tail = {
+                let _io = self.slot_io.read();
+                self.store.tail_copies(&mut self.state.lock().store, GROUP_RECORDS as usize)?
+            };
+            for (place, record) in tail {
                 let movable = {
                     let _io = self.slot_io.read();
-                    self.store.movable_tail(&mut self.state.lock().store)?
+                    self.store.room_below(&mut self.state.lock().store, place)?
                 };
-                let Some(record) = movable else { break };
+                if !movable {
+                    break;
+                }
                 self.load(record, false)?;
                 self.sync(true)?;
             }

@@ -272,29 +272,32 @@ impl Store {
         Ok(())
     }
 
-    /// Format 4: the record whose current copy lies last on the lower file, if free space below
-    /// would hold it (after a rewrite the new copies lie past the old ones, freed since).
-    pub fn movable_tail(&self, st: &mut StoreState) -> FsResult<Option<u64>> {
+    /// Format 4: the (at most) `n` records whose current copies lie last on the lower file, the
+    /// last first, with their places (after a rewrite the new copies lie past the old ones,
+    /// freed since).
+    pub fn tail_copies(&self, st: &mut StoreState, n: usize) -> FsResult<Vec<(Extent, u64)>> {
         if !self.layout.placed() {
-            return Ok(None);
+            return Ok(Vec::new());
         }
-        self.space(st)?;
-        let mut last: Option<(u64, u64, u64)> = None; // (place, length, record)
-        let mut group = 0;
-        while let Some(found) = self.next_stored_group(group)? {
-            for record in found * GROUP_RECORDS..(found + 1) * GROUP_RECORDS {
-                if let Some(&(_, d)) = newest_first(&self.pair(st, record)?).first() {
-                    if let Some((at, len)) = placed_extent(&d) {
-                        if last.is_none_or(|(a, _, _)| at > a) {
-                            last = Some((at, len, record));
-                        }
-                    }
+        let mut last: Vec<(Extent, u64)> = Vec::new();
+        self.visit_pairs(st, 0, |_, record, pair| {
+            if let Some(place) = newest_first(&pair).first().and_then(|(_, d)| placed_extent(d)) {
+                last.push((place, record));
+                if last.len() > 2 * n {
+                    last.sort_unstable_by(|a, b| b.cmp(a));
+                    last.truncate(n);
                 }
             }
-            group = found + 1;
-        }
-        let space = st.space.as_ref().expect("BUG: built above");
-        Ok(last.filter(|&(at, len, _)| space.has_room_below(len, at)).map(|(_, _, record)| record))
+            Ok(())
+        })?;
+        last.sort_unstable_by(|a, b| b.cmp(a));
+        last.truncate(n);
+        Ok(last)
+    }
+
+    /// Format 4: whether free space below `place` would hold its copy.
+    pub fn room_below(&self, st: &mut StoreState, (at, len): Extent) -> FsResult<bool> {
+        Ok(self.space(st)?.has_room_below(len, at))
     }
 
     /// Frees the old copies an fsync kept for reuse (the writeback tick); a record rewritten
@@ -329,7 +332,7 @@ impl Store {
                     self.set_descriptor(st, record, other, SlotState::Empty)?;
                     if let Some((at, len)) = old {
                         lower::punch_hole(&self.lower, at, len)?;
-                        if let Some(space) = st.space.as_mut().filter(|_| self.layout.placed()) {
+                        if let Some(space) = st.space.as_mut() {
                             space.give_up((at, len));
                         }
                     }
@@ -383,23 +386,19 @@ impl Store {
     /// punched and reused after the next sync made the clears durable, and the lower file is
     /// cut then (`give_up_places`).
     fn discard_placed_from(&self, st: &mut StoreState, first: u64) -> FsResult<()> {
-        let mut group = self.layout.record_to_group(first);
-        while let Some(found) = self.next_stored_group(group)? {
-            for record in (found * GROUP_RECORDS).max(first)..(found + 1) * GROUP_RECORDS {
-                let pair = self.pair(st, record)?;
-                for (slot, s) in pair.iter().enumerate() {
-                    if *s != SlotState::Empty {
-                        if let SlotState::Valid(d) = s {
-                            if let Some(place) = placed_extent(d) {
-                                st.deferred_places.push((st.epochs.epoch, place));
-                            }
+        self.visit_pairs(st, first, |st, record, pair| {
+            for (slot, s) in pair.iter().enumerate() {
+                if *s != SlotState::Empty {
+                    if let SlotState::Valid(d) = s {
+                        if let Some(place) = placed_extent(d) {
+                            st.deferred_places.push((st.epochs.epoch, place));
                         }
-                        self.set_descriptor(st, record, slot, SlotState::Empty)?;
                     }
+                    self.set_descriptor(st, record, slot, SlotState::Empty)?;
                 }
             }
-            group = found + 1;
-        }
+            Ok(())
+        })?;
         st.raw_copies.retain(|&r, _| r < first);
         if st.header_on_disk && st.size < st.persisted_size {
             self.write_header_sized(st, st.size, false)?;
