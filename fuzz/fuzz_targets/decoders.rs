@@ -10,6 +10,5 @@ fuzz_target!(|data: &[u8]| {
     }
     let codec = Codec::from_id(data[0] % CODECS.len() as u8).expect("ids below CODECS.len() exist");
     let out_len = u16::from_le_bytes([data[1], data[2]]) as usize * 16; // up to 1 MiB
-    let mut out = vec![0u8; out_len];
-    let _ = codec.decompress(&data[3..], &mut out);
+    let _ = codec.decompress(&data[3..], out_len);
 });

@@ -105,6 +105,8 @@ pub fn compress(src: &[u8], dst: &mut [u8], level: i32) -> Option<usize> {
     encoder(level).compress(src, dst)
 }
 
-pub fn decompress(src: &[u8], dst: &mut [u8]) -> Result<(), CodecError> {
-    DECODER.decompress(src, dst)
+pub fn decompress(src: &[u8], len: usize) -> Result<Vec<u8>, CodecError> {
+    let mut out = vec![0u8; len];
+    DECODER.decompress(src, &mut out)?;
+    Ok(out)
 }

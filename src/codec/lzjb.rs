@@ -86,8 +86,15 @@ pub fn compress(src: &[u8], dst: &mut [u8], _level: i32) -> Option<usize> {
     Some(d)
 }
 
+/// Exactly `len` bytes decoded from `src` (the table's contract), into zeroed memory.
+pub fn decompress(src: &[u8], len: usize) -> Result<Vec<u8>, CodecError> {
+    let mut out = vec![0u8; len];
+    decode_into(src, &mut out)?;
+    Ok(out)
+}
+
 /// Decodes `src` into exactly `dst.len()` bytes; anything else is `CodecError::Corrupt`.
-pub fn decompress(src: &[u8], dst: &mut [u8]) -> Result<(), CodecError> {
+fn decode_into(src: &[u8], dst: &mut [u8]) -> Result<(), CodecError> {
     let mut s = 0;
     let mut d = 0;
     let mut copymap = 0u8;
@@ -195,16 +202,16 @@ mod tests {
         let mut out = vec![0u8; bound(data.len())];
         let n = compress(data, &mut out, 0).expect("fits in the worst-case bound");
         let mut back = vec![0xAAu8; data.len()];
-        decompress(&out[..n], &mut back).expect("own output decodes");
+        decode_into(&out[..n], &mut back).expect("own output decodes");
         assert_eq!(back, data);
     }
 
     #[test]
     fn empty_input_is_an_empty_stream() {
         assert_eq!(compress(&[], &mut [], 0), Some(0));
-        decompress(&[], &mut []).unwrap();
-        assert!(decompress(&[0], &mut []).is_err());
-        assert!(decompress(&[], &mut [0]).is_err());
+        decode_into(&[], &mut []).unwrap();
+        assert!(decode_into(&[0], &mut []).is_err());
+        assert!(decode_into(&[], &mut [0]).is_err());
     }
 
     #[test]
@@ -255,7 +262,7 @@ mod tests {
                         assert!(cap >= n);
                         assert_eq!(&out[..m], &big[..n]);
                         let mut back = vec![0u8; data.len()];
-                        decompress(&out[..m], &mut back).unwrap();
+                        decode_into(&out[..m], &mut back).unwrap();
                         assert_eq!(back, data);
                     }
                 }
@@ -276,7 +283,7 @@ mod tests {
         let n = compress(&data, &mut out, 0).unwrap();
         assert_eq!(&out[..n], &expected);
         let mut back = [0u8; 72];
-        decompress(&expected, &mut back).unwrap();
+        decode_into(&expected, &mut back).unwrap();
         assert_eq!(&back[..], &data[..]);
         // OpenZFS needs 18 free bytes before opening a group, even for a 9-byte result.
         assert_eq!(compress(&data, &mut [0u8; 17], 0), None);
@@ -297,7 +304,7 @@ mod tests {
         let n = compress(&data, &mut out, 0).unwrap();
         assert_eq!(&out[..n], &expected[..]);
         let mut back = [0xFFu8; 100];
-        decompress(&expected, &mut back).unwrap();
+        decode_into(&expected, &mut back).unwrap();
         assert_eq!(back, data);
     }
 
@@ -305,19 +312,19 @@ mod tests {
     fn decoder_rejects_bad_matches_and_wrong_lengths() {
         let mut dst = [0u8; 8];
         // Offset 2 with only one byte written.
-        assert!(decompress(&[0x02, b'x', 0x00, 0x02], &mut dst).is_err());
+        assert!(decode_into(&[0x02, b'x', 0x00, 0x02], &mut dst).is_err());
         // Offset 0.
-        assert!(decompress(&[0x02, b'x', 0x00, 0x00], &mut dst).is_err());
+        assert!(decode_into(&[0x02, b'x', 0x00, 0x00], &mut dst).is_err());
         // A 4-byte match where only 3 bytes of output remain.
-        assert!(decompress(&[0x10, 1, 2, 3, 4, 0x04, 0x01], &mut [0u8; 7]).is_err());
+        assert!(decode_into(&[0x10, 1, 2, 3, 4, 0x04, 0x01], &mut [0u8; 7]).is_err());
         // Same stream decodes with 8 bytes, and with neither 7 nor 9.
         let stream = [0x10, 1, 2, 3, 4, 0x04, 0x01];
         let mut out = [0u8; 9];
-        decompress(&stream, &mut out[..8]).unwrap();
+        decode_into(&stream, &mut out[..8]).unwrap();
         assert_eq!(&out[..8], &[1, 2, 3, 4, 4, 4, 4, 4]);
-        assert!(decompress(&stream, &mut out).is_err());
+        assert!(decode_into(&stream, &mut out).is_err());
         // Trailing bytes after the output is full.
-        assert!(decompress(&[0x00, 1, 2], &mut [0u8; 1]).is_err());
+        assert!(decode_into(&[0x00, 1, 2], &mut [0u8; 1]).is_err());
     }
 
     #[test]
@@ -327,7 +334,7 @@ mod tests {
         let n = compress(&data, &mut out, 0).unwrap();
         for wrong in [0, 1, data.len() - 1, data.len() + 1, data.len() * 2] {
             let mut back = vec![0u8; wrong];
-            assert!(decompress(&out[..n], &mut back).is_err(), "len {wrong}");
+            assert!(decode_into(&out[..n], &mut back).is_err(), "len {wrong}");
         }
     }
 
@@ -344,7 +351,7 @@ mod tests {
         #[test]
         fn garbage_never_panics(src in proptest::collection::vec(any::<u8>(), 0..2048), len in 0usize..8192) {
             let mut dst = vec![0u8; len];
-            let _ = decompress(&src, &mut dst);
+            let _ = decode_into(&src, &mut dst);
         }
 
         #[test]
@@ -361,11 +368,11 @@ mod tests {
             let mut back = vec![0u8; len];
             // A valid stream is consumed exactly, so any proper prefix runs dry before the end.
             let cut = cut % n;
-            prop_assert!(decompress(&stream[..cut], &mut back).is_err());
+            prop_assert!(decode_into(&stream[..cut], &mut back).is_err());
             for (at, mask) in flips {
                 stream[at % n] ^= mask;
             }
-            let _ = decompress(&stream, &mut back);
+            let _ = decode_into(&stream, &mut back);
         }
 
         #[test]

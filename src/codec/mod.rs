@@ -9,8 +9,10 @@
 //! - `compress(src, dst, level)` writes at most `dst.len()` bytes and returns the length, or
 //!   `None` when the output would not fit. The caller sizes `dst` to the largest result worth
 //!   keeping, so "does not fit" doubles as "not worth it" and the codec may stop early.
-//! - `decompress(src, dst)` succeeds only if it produces exactly `dst.len()` bytes; corrupt
-//!   input is an error, never a panic.
+//! - `decompress(src, len)` returns exactly `len` bytes or an error; corrupt input is an
+//!   error, never a panic. The codec allocates the bytes, so that one whose decoder writes
+//!   every byte it reports (lz4, zstd) decodes into fresh memory without zeroing it first:
+//!   a cold read decodes every byte it returns.
 
 pub mod deflate;
 mod isal;
@@ -62,7 +64,7 @@ impl fmt::Display for CodecError {
 impl std::error::Error for CodecError {}
 
 pub type CompressFn = fn(src: &[u8], dst: &mut [u8], level: i32) -> Option<usize>;
-pub type DecompressFn = fn(src: &[u8], dst: &mut [u8]) -> Result<(), CodecError>;
+pub type DecompressFn = fn(src: &[u8], len: usize) -> Result<Vec<u8>, CodecError>;
 
 /// The levels a codec takes, as ZFS spells them: `NAME-N` for `min..=max`, and `NAME-fast-N`
 /// for `1..=fast` (stored as level `-N`; `fast: 0` when there is none).
@@ -112,12 +114,11 @@ fn store_compress(src: &[u8], dst: &mut [u8], _level: i32) -> Option<usize> {
     Some(src.len())
 }
 
-fn store_decompress(src: &[u8], dst: &mut [u8]) -> Result<(), CodecError> {
-    if src.len() != dst.len() {
+fn store_decompress(src: &[u8], len: usize) -> Result<Vec<u8>, CodecError> {
+    if src.len() != len {
         return Err(CodecError::Corrupt("raw record length mismatch"));
     }
-    dst.copy_from_slice(src);
-    Ok(())
+    Ok(src.to_vec())
 }
 
 /// Accelerators that run the standard stream formats (`engine/gpu`, and the test double
@@ -215,8 +216,9 @@ impl Codec {
         (self.row().compress)(src, dst, level)
     }
 
-    pub fn decompress(self, src: &[u8], dst: &mut [u8]) -> Result<(), CodecError> {
-        (self.row().decompress)(src, dst)
+    /// Exactly `len` bytes decoded from `src`, or an error.
+    pub fn decompress(self, src: &[u8], len: usize) -> Result<Vec<u8>, CodecError> {
+        (self.row().decompress)(src, len)
     }
 }
 

@@ -52,8 +52,15 @@ pub fn compress(src: &[u8], dst: &mut [u8], _level: i32) -> Option<usize> {
     Some(d)
 }
 
+/// Exactly `len` bytes decoded from `src` (the table's contract), into zeroed memory.
+pub fn decompress(src: &[u8], len: usize) -> Result<Vec<u8>, CodecError> {
+    let mut out = vec![0u8; len];
+    decode_into(src, &mut out)?;
+    Ok(out)
+}
+
 /// Decodes `src` into exactly `dst.len()` bytes; anything else is `CodecError::Corrupt`.
-pub fn decompress(src: &[u8], dst: &mut [u8]) -> Result<(), CodecError> {
+fn decode_into(src: &[u8], dst: &mut [u8]) -> Result<(), CodecError> {
     let mut s = 0;
     let mut d = 0;
     while let Some(&c) = src.get(s) {
@@ -141,16 +148,16 @@ mod tests {
     fn round_trip(data: &[u8]) {
         let stream = encode(data);
         let mut back = vec![0xAAu8; data.len()];
-        decompress(&stream, &mut back).expect("own output decodes");
+        decode_into(&stream, &mut back).expect("own output decodes");
         assert_eq!(back, data);
     }
 
     #[test]
     fn empty_input_is_an_empty_stream() {
         assert_eq!(compress(&[], &mut [], 0), Some(0));
-        decompress(&[], &mut []).unwrap();
-        assert!(decompress(&[64], &mut []).is_err());
-        assert!(decompress(&[], &mut [0]).is_err());
+        decode_into(&[], &mut []).unwrap();
+        assert!(decode_into(&[64], &mut []).is_err());
+        assert!(decode_into(&[], &mut [0]).is_err());
     }
 
     #[test]
@@ -213,7 +220,7 @@ mod tests {
         for (plain, coded) in cases {
             assert_eq!(encode(plain), coded, "{plain:?}");
             let mut back = vec![0xEEu8; plain.len()];
-            decompress(coded, &mut back).unwrap();
+            decode_into(coded, &mut back).unwrap();
             assert_eq!(back, plain);
         }
     }
@@ -241,14 +248,14 @@ mod tests {
     #[test]
     fn decoder_rejects_overruns_and_wrong_lengths() {
         // Literal run claims 3 bytes, stream has 2.
-        assert!(decompress(&[2, 1, 2], &mut [0u8; 3]).is_err());
+        assert!(decode_into(&[2, 1, 2], &mut [0u8; 3]).is_err());
         // Zero run of 10 into 9 bytes.
-        assert!(decompress(&[73], &mut [0u8; 9]).is_err());
+        assert!(decode_into(&[73], &mut [0u8; 9]).is_err());
         let data = mixed(8192);
         let stream = encode(&data);
         for wrong in [0, 1, data.len() - 1, data.len() + 1, data.len() * 2] {
             let mut back = vec![0u8; wrong];
-            assert!(decompress(&stream, &mut back).is_err(), "len {wrong}");
+            assert!(decode_into(&stream, &mut back).is_err(), "len {wrong}");
         }
     }
 
@@ -265,7 +272,7 @@ mod tests {
         #[test]
         fn garbage_never_panics(src in proptest::collection::vec(any::<u8>(), 0..2048), len in 0usize..8192) {
             let mut dst = vec![0u8; len];
-            let _ = decompress(&src, &mut dst);
+            let _ = decode_into(&src, &mut dst);
         }
 
         #[test]
@@ -280,11 +287,11 @@ mod tests {
             let n = stream.len();
             let mut back = vec![0u8; len];
             // Every chunk yields at least one byte, so a proper prefix decodes short.
-            prop_assert!(decompress(&stream[..cut % n], &mut back).is_err());
+            prop_assert!(decode_into(&stream[..cut % n], &mut back).is_err());
             for (at, mask) in flips {
                 stream[at % n] ^= mask;
             }
-            let _ = decompress(&stream, &mut back);
+            let _ = decode_into(&stream, &mut back);
         }
 
         #[test]

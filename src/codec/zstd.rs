@@ -12,15 +12,17 @@ pub fn compress(src: &[u8], dst: &mut [u8], level: i32) -> Option<usize> {
     CCTX.with(|cell| cell.borrow_mut().compress(dst, src, level).ok())
 }
 
-pub fn decompress(src: &[u8], dst: &mut [u8]) -> Result<(), CodecError> {
+pub fn decompress(src: &[u8], len: usize) -> Result<Vec<u8>, CodecError> {
     // A frame may declare its content size; refuse one that disagrees before decoding.
     match zstd::zstd_safe::get_frame_content_size(src) {
-        Ok(Some(n)) if n != dst.len() as u64 => return Err(CodecError::Corrupt("zstd frame declares the wrong length")),
+        Ok(Some(n)) if n != len as u64 => return Err(CodecError::Corrupt("zstd frame declares the wrong length")),
         Err(_) => return Err(CodecError::Corrupt("invalid zstd frame header")),
         _ => {}
     }
-    DCTX.with(|cell| match cell.borrow_mut().decompress(dst, src) {
-        Ok(n) if n == dst.len() => Ok(()),
+    // Decoded into the Vec's spare capacity (zstd_safe's `WriteBuf`), never zeroed first.
+    let mut out: Vec<u8> = Vec::with_capacity(len);
+    DCTX.with(|cell| match cell.borrow_mut().decompress(&mut out, src) {
+        Ok(n) if n == len => Ok(out),
         Ok(_) => Err(CodecError::Corrupt("zstd frame decodes to the wrong length")),
         Err(_) => Err(CodecError::Corrupt("invalid zstd frame")),
     })

@@ -144,8 +144,7 @@ impl Shared {
                 Ok(out)
             }
             DeviceOp::Decompress { codec, logical_len } => {
-                let mut out = vec![0u8; logical_len];
-                codec.decompress(&job.input, &mut out).map(|_| out).map_err(|e| DeviceError(e.to_string()))
+                codec.decompress(&job.input, logical_len).map_err(|e| DeviceError(e.to_string()))
             }
         };
         (job.done)(result)

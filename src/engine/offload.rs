@@ -266,8 +266,7 @@ impl Inner {
         let data = req.data.as_slice();
         let worth_keeping = bytes.len() <= req.min_savings.max_kept_len(data.len());
         if worth_keeping && self.config.verify {
-            let mut check = vec![0u8; data.len()];
-            let same = compression.codec.decompress(&bytes, &mut check).is_ok() && check == data;
+            let same = compression.codec.decompress(&bytes, data.len()).is_ok_and(|check| check == data);
             if !same {
                 let why = format!("its {compression} output for a {} byte record does not decode back to the input", data.len());
                 return self.device_failed(

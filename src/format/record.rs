@@ -20,9 +20,7 @@ pub fn verify_and_decode(
     if kind.compute(stored) != checksum {
         return Err(FormatError::ChecksumMismatch);
     }
-    let mut out = vec![0u8; logical_len];
-    codec.decompress(stored, &mut out)?;
-    Ok(out)
+    Ok(codec.decompress(stored, logical_len)?)
 }
 
 #[cfg(test)]

@@ -234,8 +234,8 @@ impl GpuDevice {
         let ops = settings.iter().map(|&c| (DeviceOp::Compress(c), sample.clone())).collect();
         for (c, r) in settings.iter().zip(self.run_blocking(ops)) {
             let stream = r.map_err(|e| format!("GPU self-test: {c} compression failed: {e}"))?;
-            let mut back = vec![0u8; sample.len()];
-            c.codec.decompress(&stream, &mut back).map_err(|e| format!("GPU self-test: the CPU cannot read the GPU's {c}: {e}"))?;
+            let back =
+                c.codec.decompress(&stream, sample.len()).map_err(|e| format!("GPU self-test: the CPU cannot read the GPU's {c}: {e}"))?;
             if back != sample {
                 return Err(format!("GPU self-test: the GPU's {c} decodes to different bytes"));
             }

@@ -55,8 +55,8 @@ fn records_written_by_the_gpu_read_on_the_cpu_and_the_reverse() {
                     .pop()
                     .unwrap()
                     .unwrap_or_else(|e| panic!("{name} {len} {kind}: {e}"));
-                let mut back = vec![0u8; len];
-                c.codec.decompress(&stream, &mut back).unwrap_or_else(|e| panic!("{name} {len} {kind}: CPU cannot read GPU output: {e}"));
+                let back =
+                    c.codec.decompress(&stream, len).unwrap_or_else(|e| panic!("{name} {len} {kind}: CPU cannot read GPU output: {e}"));
                 assert!(back == data, "{name} {len} {kind}: GPU output decodes to other bytes");
                 // CPU → GPU
                 let mut cpu = vec![0u8; len * 2 + 1024];
@@ -95,8 +95,7 @@ fn large_batches_of_mixed_sizes_round_trip() {
         for (i, (r, input)) in out.into_iter().zip(&inputs).enumerate() {
             let stream = r.unwrap_or_else(|e| panic!("{name} record {i}: {e}"));
             stored += stream.len();
-            let mut back = vec![0u8; input.len()];
-            c.codec.decompress(&stream, &mut back).unwrap();
+            let back = c.codec.decompress(&stream, input.len()).unwrap();
             assert!(back == *input, "{name} record {i}");
         }
         eprintln!("{name}: ratio {:.2} over {} records", data.len() as f64 / stored as f64, inputs.len());
@@ -131,8 +130,7 @@ fn the_engine_offloads_to_the_gpu_with_every_policy() {
     for _ in 0..records.len() {
         let (i, res) = rx.recv_timeout(Duration::from_secs(60)).expect("an answer");
         let Ok(Output::Compressed(e)) = res else { panic!("record {i}") };
-        let mut back = vec![0u8; e.logical_len as usize];
-        e.codec.decompress(&e.bytes, &mut back).unwrap();
+        let back = e.codec.decompress(&e.bytes, e.logical_len as usize).unwrap();
         assert!(back == *records[i]);
     }
     let on_gpu = engine.stats().backends[1].compress(Codec::Deflate).records.load(Relaxed);
@@ -170,8 +168,9 @@ fn gzip_levels_map_to_the_fastest_algorithm_as_dense_as_the_cpu() {
     for algorithm in DEFLATE_ALGORITHMS {
         let (streams, seconds) = deflate_with(&gpu, algorithm, &records);
         for (stream, record) in streams.iter().zip(&records) {
-            let mut back = vec![0u8; record.len()];
-            Codec::Deflate.decompress(stream, &mut back).unwrap_or_else(|e| panic!("algorithm {algorithm}: CPU cannot read it: {e}"));
+            let back = Codec::Deflate
+                .decompress(stream, record.len())
+                .unwrap_or_else(|e| panic!("algorithm {algorithm}: CPU cannot read it: {e}"));
             assert!(back == *record, "algorithm {algorithm}: decodes to other bytes");
         }
         let ratio = data.len() as f64 / streams.iter().map(Vec::len).sum::<usize>() as f64;
