@@ -104,9 +104,15 @@ impl Buffers {
         let end = at + bytes.len();
         if buf.len() < end {
             changed.add(buf.len(), end);
-            buf.resize(end, 0);
         }
-        buf[at..end].copy_from_slice(bytes);
+        // Bytes past the buffer's end are appended, not zeroed first and then overwritten (a
+        // sequential writer fills every record this way); only a gap before `at` is zeros.
+        if buf.len() < at {
+            buf.resize(at, 0);
+        }
+        let overwritten = bytes.len().min(buf.len() - at);
+        buf[at..at + overwritten].copy_from_slice(&bytes[..overwritten]);
+        buf.extend_from_slice(&bytes[overwritten..]);
         changed.add(at, end);
         let len = buf.len();
         self.put(record, buf, changed);
@@ -319,6 +325,22 @@ mod tests {
         b.put_dirty(3, vec![5; 4096]);
         b.write_into(3, 0, &[6; 10]);
         assert_eq!(changed(&mut b, 3), Changed::All);
+    }
+
+    #[test]
+    fn writes_overwrite_extend_and_leave_zeros_in_gaps() {
+        let mut b = Buffers::new(Arc::new(Memory::new(1 << 20)));
+        assert_eq!(b.write_into(0, 0, &[1; 10]), 10);
+        assert_eq!(b.write_into(0, 6, &[2; 10]), 16, "overlaps the end: overwrites, then appends");
+        assert_eq!(b.write_into(0, 20, &[3; 4]), 24, "past the end: a gap of zeros first");
+        assert_eq!(b.write_into(0, 2, &[4; 3]), 24, "inside: the length stays");
+        let mut expected = vec![1u8; 6];
+        expected[2..5].fill(4);
+        expected.extend([2; 10]);
+        expected.extend([0; 4]);
+        expected.extend([3; 4]);
+        assert_eq!(b.newest(0).unwrap().as_slice(), &expected[..]);
+        assert_eq!(b.dirty_bytes(), 24);
     }
 
     #[test]

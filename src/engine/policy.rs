@@ -149,6 +149,12 @@ pub fn hole(len: usize) -> Encoded {
     Encoded { codec: Codec::Off, level: 0, bytes: Vec::new(), logical_len: len as u32, checksum: 0 }
 }
 
+thread_local! {
+    /// Each encoding thread's output buffer (`encode_record`), as large as the largest record
+    /// it has encoded.
+    static SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
 /// Encodes one record on the calling thread with a concrete `compression` (never auto).
 /// `precheck`: skip slow codecs on data that looks incompressible (see [`probably_incompressible`]).
 pub fn encode_record(
@@ -168,10 +174,16 @@ pub fn encode_record(
         let (encoded, _) = keep_or_raw(data, Compression::OFF, None, min_savings, checksum);
         return (encoded, Outcome::RawPrecheck);
     }
-    let mut out = vec![0u8; min_savings.max_kept_len(data.len())];
-    let compressed = compression.codec.compress(data, &mut out, compression.level).map(|n| {
-        out.truncate(n);
-        out
+    // Into this thread's scratch buffer, initialised once, then copied out at its length: a
+    // fresh output buffer would be zeroed for every record (the codecs write into slices), and
+    // the compressed bytes are about half of that or less.
+    let compressed = SCRATCH.with(|cell| {
+        let mut out = cell.borrow_mut();
+        let room = min_savings.max_kept_len(data.len());
+        if out.len() < room {
+            out.resize(room, 0);
+        }
+        compression.codec.compress(data, &mut out[..room], compression.level).map(|n| out[..n].to_vec())
     });
     keep_or_raw(data, compression, compressed, min_savings, checksum)
 }
