@@ -431,9 +431,16 @@ impl DenseFs {
 
     pub fn setattr(&self, nodeid: u64, fh: Option<u64>, set: SetAttr) -> FsResult<Attr> {
         let inode = self.inode(nodeid)?;
+        // Through the node's descriptor when it is a real one (not O_PATH): fchmod and futimens
+        // skip resolving /proc/self/fd/N, about 3 µs a call (tar and cp -p make both per file).
+        let descriptor = inode.readable_fd().is_some();
         let path = lower::proc_path(inode.raw_fd());
         if let Some(mode) = set.mode {
-            lower::chmod(&path, mode & 0o7777)?;
+            if descriptor {
+                lower::fchmod(inode.file(), mode & 0o7777)?;
+            } else {
+                lower::chmod(&path, mode & 0o7777)?;
+            }
         }
         if set.uid.is_some() || set.gid.is_some() {
             let uid = set.uid.unwrap_or(u32::MAX);
@@ -452,7 +459,11 @@ impl DenseFs {
         if set.atime.is_some() || set.mtime.is_some() {
             let times = [timespec(set.atime), timespec(set.mtime)];
             let set_times = || -> FsResult<libc::stat> {
-                lower::utimensat(libc::AT_FDCWD, &path, &times, 0)?;
+                if descriptor {
+                    lower::futimens(inode.file(), &times)?;
+                } else {
+                    lower::utimensat(libc::AT_FDCWD, &path, &times, 0)?;
+                }
                 Ok(lower::stat_fd(inode.raw_fd())?)
             };
             let before = self.written_back_count();
