@@ -382,11 +382,16 @@ impl Store {
     }
 
     /// Format 4's `discard_from`: copies lie anywhere, so no cut of the lower file drops a
-    /// record with its table. Every descriptor from `first` on is cleared; their places are
-    /// punched and reused after the next sync made the clears durable, and the lower file is
-    /// cut then (`give_up_places`).
+    /// record with its table. Every descriptor from `first` on is cleared: those of `first`'s
+    /// own group one by one, every later group that holds any with one zeroed table (a cut of
+    /// a large file writes a table per 32 records, not a descriptor per record; a table that
+    /// holds none stays a hole). Their places are punched and reused after the next sync made
+    /// the clears durable, and the lower file is cut then (`give_up_places`).
     fn discard_placed_from(&self, st: &mut StoreState, first: u64) -> FsResult<()> {
+        let first_whole_group = first.div_ceil(GROUP_RECORDS);
+        let mut whole_groups = BTreeSet::new();
         self.visit_pairs(st, first, |st, record, pair| {
+            let group = self.layout.record_to_group(record);
             for (slot, s) in pair.iter().enumerate() {
                 if *s != SlotState::Empty {
                     if let SlotState::Valid(d) = s {
@@ -394,11 +399,18 @@ impl Store {
                             st.deferred_places.push((st.epochs.epoch, place));
                         }
                     }
-                    self.set_descriptor(st, record, slot, SlotState::Empty)?;
+                    if group >= first_whole_group {
+                        whole_groups.insert(group);
+                    } else {
+                        self.set_descriptor(st, record, slot, SlotState::Empty)?;
+                    }
                 }
             }
             Ok(())
         })?;
+        for group in whole_groups {
+            self.clear_table(st, group)?;
+        }
         st.raw_copies.retain(|&r, _| r < first);
         if st.header_on_disk && st.size < st.persisted_size {
             self.write_header_sized(st, st.size, false)?;
