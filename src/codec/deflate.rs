@@ -106,7 +106,5 @@ pub fn compress(src: &[u8], dst: &mut [u8], level: i32) -> Option<usize> {
 }
 
 pub fn decompress(src: &[u8], len: usize) -> Result<Vec<u8>, CodecError> {
-    let mut out = vec![0u8; len];
-    DECODER.decompress(src, &mut out)?;
-    Ok(out)
+    super::into_zeroed(len, |dst| DECODER.decompress(src, dst))
 }

@@ -114,6 +114,14 @@ fn store_compress(src: &[u8], dst: &mut [u8], _level: i32) -> Option<usize> {
     Some(src.len())
 }
 
+/// `len` zeroed bytes that `decode` fills in place: for the decoders that write into a slice
+/// (deflate, lzjb, zle) and so need it initialised.
+fn into_zeroed(len: usize, decode: impl FnOnce(&mut [u8]) -> Result<(), CodecError>) -> Result<Vec<u8>, CodecError> {
+    let mut out = vec![0u8; len];
+    decode(&mut out)?;
+    Ok(out)
+}
+
 fn store_decompress(src: &[u8], len: usize) -> Result<Vec<u8>, CodecError> {
     if src.len() != len {
         return Err(CodecError::Corrupt("raw record length mismatch"));

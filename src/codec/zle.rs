@@ -52,11 +52,9 @@ pub fn compress(src: &[u8], dst: &mut [u8], _level: i32) -> Option<usize> {
     Some(d)
 }
 
-/// Exactly `len` bytes decoded from `src` (the table's contract), into zeroed memory.
+/// Exactly `len` bytes decoded from `src` (the table's contract).
 pub fn decompress(src: &[u8], len: usize) -> Result<Vec<u8>, CodecError> {
-    let mut out = vec![0u8; len];
-    decode_into(src, &mut out)?;
-    Ok(out)
+    super::into_zeroed(len, |dst| decode_into(src, dst))
 }
 
 /// Decodes `src` into exactly `dst.len()` bytes; anything else is `CodecError::Corrupt`.

@@ -678,15 +678,14 @@ impl Store {
     }
 
     /// Empties every descriptor of `group` with one write of a zeroed table: what
-    /// `set_descriptor` to `Empty` does to each of them, in one write.
+    /// `set_descriptor` to `Empty` does to each of them, in one write. The group's raw copies
+    /// are the caller's to forget (`discard_placed_from` drops every one past the cut).
     fn clear_table(&self, st: &mut StoreState, group: u64) -> FsResult<()> {
         st.touch();
         self.write_meta(st, &[0u8; TABLE_SIZE as usize], self.layout.group_to_table_off(group))?;
         if let Some(table) = st.tables.get_mut(&group) {
             table.fill([SlotState::Empty; 2]);
         }
-        let records = group * GROUP_RECORDS..(group + 1) * GROUP_RECORDS;
-        st.raw_copies.retain(|r, _| !records.contains(r));
         Ok(())
     }
 
