@@ -261,8 +261,12 @@ DEB = "drop-seq-testdata"
 
 def atomic_write(path, writer):
     tmp = Path(f"{path}.tmp{os.getpid()}")
-    with open(tmp, "wb") as f:
-        writer(f)
+    try:
+        with open(tmp, "wb") as f:
+            writer(f)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     os.replace(tmp, path)
 
 
@@ -290,8 +294,11 @@ def drop_seq_bams(data):
 def source_fastq(data):
     """All distinct reads of the drop-seq BAMs as one FASTQ (files whose reads repeat another's are left out)."""
     src = data / "source.fastq"
-    if src.exists():
+    if src.exists() and src.stat().st_size > 0:
         return src
+    # Callers other than bench/run (scripts/cluster) come here on a fresh machine too.
+    if ensure_packages(["samtools"])["samtools"]:
+        raise RuntimeError("samtools is needed to make the FASTQ and could not be installed")
     log("samtools fastq over the drop-seq BAMs")
     seen = set()
 
@@ -301,6 +308,8 @@ def source_fastq(data):
             if p.stdout and hash(p.stdout) not in seen:
                 seen.add(hash(p.stdout))
                 f.write(p.stdout)
+        if not seen:
+            raise RuntimeError(f"samtools fastq found no reads in {DEB}'s BAMs")
     atomic_write(src, write)
     return src
 
@@ -320,6 +329,8 @@ def cut_records(blob, limit, record_lines):
 def write_sized(f, blob, size, record_lines):
     """`blob`'s records repeated (records are compressed independently, so repetition does not inflate
     per-record ratios) or cut at a record boundary, to about `size` bytes."""
+    if not blob:
+        raise RuntimeError("no data to repeat (an empty source file)")
     left = size
     while left >= len(blob):
         f.write(blob)

@@ -2,10 +2,11 @@
 //! them must not change a byte of them (docs/FORMAT.md, "Version history"):
 //! - tests/fixtures/v1-first: version 1 as the first densefs wrote it (header copy B at 512);
 //! - tests/fixtures/v1: version 1 after the inline area moved copy B to 64 (epoch fields zero);
-//! - tests/fixtures/v2, v3, v4: versions 2 to 4, made by `make_fixtures` below.
+//! - tests/fixtures/v2 to v5: versions 2 to 5, made by `make_fixtures` below.
 //!
 //! Files of versions 1 to 3 stay writable, in version 3's layout (each copy in its record's
-//! slot): `files_of_version_3_take_writes_and_keep_their_layout`.
+//! slot), and files of version 4 in version 4's (tables at version 3's offsets):
+//! `files_of_versions_3_and_4_take_writes_and_keep_their_layout`.
 //!
 //! If this test fails, the format changed: bump FORMAT_VERSION, keep reading every version, and
 //! freeze a new set.
@@ -43,7 +44,7 @@ fn copy_dir(from: &Path, to: &Path) {
 
 #[test]
 fn fixtures_of_every_version_read_back_exactly_and_stay_unchanged() {
-    for set in ["v1-first", "v1", "v2", "v3", "v4"] {
+    for set in ["v1-first", "v1", "v2", "v3", "v4", "v5"] {
         let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(set);
         let d = Dirs::new();
         copy_dir(&fixtures, &d.lower);
@@ -69,47 +70,50 @@ fn header_version(lower_file: &Path) -> u16 {
 }
 
 #[test]
-fn files_of_version_3_take_writes_and_keep_their_layout() {
-    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/v3");
-    let d = Dirs::new();
-    copy_dir(&fixtures, &d.lower);
-    let m = Mount::new(&d.lower, &d.mnt, "");
-    let mut expected = Vec::new();
-    for (name, _, data) in fixture_files() {
-        let mut data = data;
-        if data.is_empty() {
-            continue;
+fn files_of_versions_3_and_4_take_writes_and_keep_their_layout() {
+    for version in [3u16, 4] {
+        let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/fixtures/v{version}"));
+        let d = Dirs::new();
+        copy_dir(&fixtures, &d.lower);
+        let m = Mount::new(&d.lower, &d.mnt, "");
+        let mut expected = Vec::new();
+        for (name, _, data) in fixture_files() {
+            let mut data = data;
+            if data.is_empty() {
+                continue;
+            }
+            // Overwrite the middle, grow past the end (into later groups, whose tables lie
+            // where the file's version puts them), then cut back inside the last record.
+            let mid = data.len() / 2;
+            let patch = compressible(3_000, 9);
+            use std::os::unix::fs::FileExt;
+            let f = fs::OpenOptions::new().write(true).open(m.path(name)).unwrap();
+            f.write_all_at(&patch, mid as u64).unwrap();
+            data.splice(mid..(mid + patch.len()).min(data.len()), patch.iter().copied());
+            let tail = random_bytes(300_000, 10);
+            f.write_all_at(&tail, data.len() as u64).unwrap();
+            data.extend_from_slice(&tail);
+            let cut = data.len() - 7_000;
+            f.set_len(cut as u64).unwrap();
+            data.truncate(cut);
+            f.sync_all().unwrap();
+            expected.push((name, data));
         }
-        // Overwrite the middle, grow past the end, then cut back inside the last record.
-        let mid = data.len() / 2;
-        let patch = compressible(3_000, 9);
-        use std::os::unix::fs::FileExt;
-        let f = fs::OpenOptions::new().write(true).open(m.path(name)).unwrap();
-        f.write_all_at(&patch, mid as u64).unwrap();
-        data.splice(mid..(mid + patch.len()).min(data.len()), patch.iter().copied());
-        let tail = random_bytes(20_000, 10);
-        f.write_all_at(&tail, data.len() as u64).unwrap();
-        data.extend_from_slice(&tail);
-        let cut = data.len() - 7_000;
-        f.set_len(cut as u64).unwrap();
-        data.truncate(cut);
-        f.sync_all().unwrap();
-        expected.push((name, data));
+        m.unmount();
+        let m = Mount::new(&d.lower, &d.mnt, "");
+        for (name, data) in &expected {
+            assert!(fs::read(m.path(name)).unwrap() == *data, "v{version}/{name}");
+        }
+        m.unmount();
+        for (name, _) in &expected {
+            assert_eq!(header_version(&d.lower.join(name)), version, "v{version}/{name} keeps version {version}'s layout");
+        }
+        // A new file is version 5.
+        let m = Mount::new(&d.lower, &d.mnt, "");
+        fs::write(m.path("new"), compressible(50_000, 11)).unwrap();
+        m.unmount();
+        assert_eq!(header_version(&d.lower.join("new")), 5);
     }
-    m.unmount();
-    let m = Mount::new(&d.lower, &d.mnt, "");
-    for (name, data) in &expected {
-        assert_eq!(fs::read(m.path(name)).unwrap(), *data, "v3/{name}");
-    }
-    m.unmount();
-    for (name, _) in &expected {
-        assert_eq!(header_version(&d.lower.join(name)), 3, "v3/{name} keeps version 3's layout");
-    }
-    // A new file is version 4.
-    let m = Mount::new(&d.lower, &d.mnt, "");
-    fs::write(m.path("new"), compressible(50_000, 11)).unwrap();
-    m.unmount();
-    assert_eq!(header_version(&d.lower.join("new")), 4);
 }
 
 /// Runs of data on a lower file (between holes), by SEEK_DATA / SEEK_HOLE.
@@ -131,22 +135,31 @@ fn data_runs(path: &Path) -> usize {
     runs
 }
 
-/// Format 4 packs the copies of a file written in order one after another, so the lower file
-/// system reads them back as one stream (bench/results/layout-2026-11-26); version 3 left a
-/// hole after each record's copy.
+/// Formats 4 and 5 pack the copies of a file written in order one after another, so the lower
+/// file system reads them back as one stream (bench/results/layout-2026-11-26); version 3 left
+/// a hole after each record's copy. Format 5's tables lie among the copies, so the lower file
+/// is about as long as what it stores (format 4's tables reached twice the logical size).
 #[test]
 fn a_file_written_in_order_lies_packed_on_the_lower_file() {
+    use std::os::unix::fs::MetadataExt;
     let d = Dirs::new();
     let m = Mount::new(&d.lower, &d.mnt, "compression=lz4,recordsize=128K");
     let data = compressible(10 << 20, 12);
     fs::write(m.path("packed"), &data).unwrap();
     m.unmount();
     let lower = d.lower.join("packed");
-    assert_eq!(header_version(&lower), 4);
-    // 80 records in 3 groups: one run of data (block 0 and the copies), and the tables of
-    // groups 1 and 2 where the copies did not reach them. Version 3 made a run per record.
+    assert_eq!(header_version(&lower), 5);
+    // 80 records in 3 groups: one run of data (block 0, the copies and the tables of groups 1
+    // and 2 among them), split only where a copy that does not fit before a table block goes
+    // past it (a hole of less than a record) and at the table blocks of groups the file does
+    // not have (holes). Version 3 made a run per record.
+    let meta = fs::metadata(&lower).unwrap();
+    let (lower_len, allocated) = (meta.len(), meta.blocks() * 512);
+    assert!(lower_len < data.len() as u64 * 3 / 4, "lower file of {lower_len} bytes for {} compressible ones", data.len());
+    let tables_crossed = lower_len / ((8 << 17) + 4096);
+    assert!(allocated + tables_crossed * (128 << 10) >= lower_len, "{allocated} bytes allocated of {lower_len}");
     let runs = data_runs(&lower);
-    assert!(runs <= 3, "{runs} runs of data on the lower file");
+    assert!(runs as u64 <= 1 + tables_crossed, "{runs} runs of data on the lower file");
     // Rewritten in the middle: the new copies go elsewhere, the old places are freed.
     let m = Mount::new(&d.lower, &d.mnt, "");
     use std::os::unix::fs::FileExt;

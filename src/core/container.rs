@@ -96,7 +96,7 @@ struct ReadStream {
     next: u64,
     /// Records below this were already asked for.
     ahead_until: u64,
-    /// The stream's descriptor tables were asked for (format 4 keeps them apart from the copies).
+    /// The stream's descriptor tables were asked for (formats 4 and 5 keep them apart from the copies).
     tables_asked: bool,
 }
 
@@ -458,7 +458,7 @@ impl Container {
                 Err(_) => return, // the read itself reports it
             }
         };
-        // Copies packed one after another (format 4) are asked for as one range: they lie in the
+        // Copies packed one after another (formats 4 and 5) are asked for as one range: they lie in the
         // order they landed, about the records' order.
         extents.sort_unstable();
         let mut ranges: Vec<(u64, u64)> = Vec::with_capacity(extents.len());

@@ -86,10 +86,10 @@ pub struct StoreState {
     /// descriptor pointing at a hole with an older copy behind it served in its place.
     /// With the epoch of the clear: a sync closing that epoch made it durable.
     deferred_punch: BTreeMap<(u64, usize), u64>,
-    /// Format 4: the places of copies a truncate cleared, with the epoch of the clear: given up
+    /// Formats 4 and 5: the places of copies a truncate cleared, with the epoch of the clear: given up
     /// (punched, free for new copies) once a sync closing that epoch made the clear durable.
     deferred_places: Vec<(u64, Extent)>,
-    /// Format 4: the lower file's free space, built from every table before the run places its
+    /// Formats 4 and 5: the lower file's free space, built from every table before the run places its
     /// first copy (`Store::space`).
     space: Option<Space>,
     /// Uncompressed copies this run wrote, per record and slot, with the blocks in which the
@@ -253,7 +253,7 @@ pub struct ClosingSync {
     heal_written: bool,
 }
 
-/// The place a format-4 copy takes on the lower file (none for a hole or an inline copy, nor in
+/// The place a format-4 or -5 copy takes on the lower file (none for a hole or an inline copy, nor in
 /// earlier formats).
 fn placed_extent(d: &Descriptor) -> Option<Extent> {
     (d.place != 0).then(|| (u64::from(d.place) * BLOCK, round_up_block(u64::from(d.stored_len))))
@@ -433,7 +433,7 @@ impl Store {
         Ok(decode_table(&block, group, self.layout))
     }
 
-    /// Format 4: asks the lower file system for the table blocks of `groups` (at most 4096 of
+    /// Formats 4 and 5: asks the lower file system for the table blocks of `groups` (at most 4096 of
     /// them) without waiting: they lie apart from the packed copies, and a sequential reader
     /// would otherwise stop for each one.
     pub fn prefetch_tables(&self, groups: std::ops::Range<u64>) {
@@ -564,7 +564,7 @@ impl Store {
     /// The first group from `group` on whose region holds anything on the lower file. A group
     /// never written is a hole there (its table too), so SEEK_DATA skips it without reading.
     ///
-    /// Format 4: copies lie anywhere, so a group counts when its own table block holds anything.
+    /// Formats 4 and 5: copies lie anywhere, so a group counts when its own table block holds anything.
     pub fn next_stored_group(&self, group: u64) -> std::io::Result<Option<u64>> {
         if !self.layout.placed() {
             let from = if group == 0 { 0 } else { self.layout.group_to_table_off(group) };
@@ -584,7 +584,7 @@ impl Store {
         }
     }
 
-    /// Format 4: the lower file's free space, built from every table (healed first) the first
+    /// Formats 4 and 5: the lower file's free space, built from every table (healed first) the first
     /// time the run needs it.
     fn space<'a>(&self, st: &'a mut StoreState) -> FsResult<&'a mut Space> {
         if st.space.is_none() {

@@ -8,7 +8,10 @@
 //! group g >= 1:      table block (4 KiB, first 2 KiB used), then the group's slots
 //! ```
 //! A group is GROUP_RECORDS records; its table holds one ENTRY_SIZE entry (two slot
-//! descriptors) per record. Every slot starts on a 4 KiB boundary, so a slot's unused tail can be
+//! descriptors) per record. Formats 4 and 5 place each copy where its descriptor says, so the
+//! slots are only room between tables: format 4 keeps format 3's (64 slots after each table),
+//! format 5 leaves room for 8 records after each table, so that a compressed file's lower
+//! length follows its stored bytes instead of twice its logical size. Every slot starts on a 4 KiB boundary, so a slot's unused tail can be
 //! punched out and the lower file's allocated blocks follow the compressed size. Group 0's table
 //! shares the header's block, and so may record 0's slot 0 when it compresses to at most
 //! INLINE_CAPACITY bytes: a small file then takes a single block.
@@ -34,10 +37,25 @@ pub const MAX_RECORD_SHIFT: u8 = 20;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Layout {
     record_shift: u8,
-    /// Format 4: each copy lies where its descriptor says (`Descriptor::place`), packed in the
-    /// order written. Formats 1 to 3: in its record's slot (`record_to_slot_off`).
-    placed: bool,
+    arrangement: Arrangement,
 }
+
+/// Where a file's copies and tables lie: what its format version says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Arrangement {
+    /// Formats 1 to 3: each copy in one of its record's two slots (`record_to_slot_off`).
+    InSlots,
+    /// Format 4: each copy where its descriptor says (`Descriptor::place`), packed in the order
+    /// written; the tables stay at format 3's offsets, a table every 64 slots.
+    PlacedWide,
+    /// Format 5: copies placed as in format 4; a table every 8 records' worth of bytes.
+    Placed,
+}
+
+/// Records' worth of room after each table block in format 5: the tables of a file whose
+/// copies average at least 1/4 of their records lie among its copies, so its lower length is
+/// about its stored bytes (format 4's tables reach twice the logical size).
+const PLACED_ROOM_RECORDS: u64 = 8;
 
 /// The part of one record that a byte range touches.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -56,24 +74,44 @@ impl Piece {
 }
 
 impl Layout {
-    /// The geometry new files get (format 4: copies placed explicitly). `record_size` must be
-    /// a power of two from 4 KiB to 1 MiB.
+    /// The geometry new files get (format 5: copies placed explicitly, tables dense).
+    /// `record_size` must be a power of two from 4 KiB to 1 MiB.
     pub fn new(record_size: u64) -> Option<Layout> {
         if !record_size.is_power_of_two() {
             return None;
         }
         let shift = record_size.trailing_zeros() as u8;
-        (MIN_RECORD_SHIFT..=MAX_RECORD_SHIFT).contains(&shift).then_some(Layout { record_shift: shift, placed: true })
+        (MIN_RECORD_SHIFT..=MAX_RECORD_SHIFT).contains(&shift).then_some(Layout { record_shift: shift, arrangement: Arrangement::Placed })
+    }
+
+    /// The same records laid out as format `version` lays them out (1 to 5).
+    pub fn of_version(self, version: u16) -> Layout {
+        let arrangement = match version {
+            ..=3 => Arrangement::InSlots,
+            4 => Arrangement::PlacedWide,
+            _ => Arrangement::Placed,
+        };
+        Layout { arrangement, ..self }
+    }
+
+    /// The format version a header of a file with this layout records: a file keeps the
+    /// layout it was born with (files of versions 1 and 2 become version 3: same layout).
+    pub fn format_version(&self) -> u16 {
+        match self.arrangement {
+            Arrangement::InSlots => 3,
+            Arrangement::PlacedWide => 4,
+            Arrangement::Placed => 5,
+        }
     }
 
     /// The same records with each copy in its record's slot (formats 1 to 3).
     pub fn in_slots(self) -> Layout {
-        Layout { placed: false, ..self }
+        self.of_version(3)
     }
 
-    /// Whether descriptors say where their copies lie (format 4).
+    /// Whether descriptors say where their copies lie (formats 4 and 5).
     pub fn placed(&self) -> bool {
-        self.placed
+        self.arrangement != Arrangement::InSlots
     }
 
     pub fn from_shift(record_shift: u8) -> Option<Layout> {
@@ -107,15 +145,20 @@ impl Layout {
         size.saturating_sub(start).min(self.record_size()) as usize
     }
 
+    /// Bytes between one table block and the next: a group's slots (formats 1 to 4), or room
+    /// for PLACED_ROOM_RECORDS copies (format 5).
     fn slots_span(&self) -> u64 {
-        GROUP_RECORDS * SLOTS_PER_RECORD * self.record_size()
+        match self.arrangement {
+            Arrangement::InSlots | Arrangement::PlacedWide => GROUP_RECORDS * SLOTS_PER_RECORD * self.record_size(),
+            Arrangement::Placed => PLACED_ROOM_RECORDS * self.record_size(),
+        }
     }
 
     pub fn record_to_group(&self, record: u64) -> u64 {
         record / GROUP_RECORDS
     }
 
-    /// Offset of the group's first slot.
+    /// Offset of the group's first slot (format 5: of the room after its table).
     pub fn group_to_slots_off(&self, group: u64) -> u64 {
         HEADER_BLOCK + group * (self.slots_span() + BLOCK)
     }
@@ -174,13 +217,16 @@ impl Layout {
         self.group_to_table_off(self.record_to_group(record)) + (record % GROUP_RECORDS) * ENTRY_SIZE + slot as u64 * DESCRIPTOR_SIZE
     }
 
+    /// Formats 1 to 3 only: later formats place copies by their descriptors.
     pub fn record_to_slot_off(&self, record: u64, slot: usize) -> u64 {
         debug_assert!(slot < SLOTS_PER_RECORD as usize);
+        debug_assert!(!self.placed());
         self.group_to_slots_off(self.record_to_group(record))
             + ((record % GROUP_RECORDS) * SLOTS_PER_RECORD + slot as u64) * self.record_size()
     }
 
-    /// Lower-file length that holds every record below `records` (the end of its last group).
+    /// Lower-file length that holds every record below `records` (the end of its last group;
+    /// formats 1 to 3).
     pub fn records_to_lower_len(&self, records: u64) -> u64 {
         if records == 0 {
             return HEADER_BLOCK;
@@ -227,7 +273,7 @@ mod tests {
     #[test]
     fn regions_never_overlap_and_are_block_aligned() {
         for shift in [12u8, 13, 17, 20] {
-            let layout = Layout::from_shift(shift).unwrap();
+            let layout = Layout::from_shift(shift).unwrap().in_slots();
             let rs = layout.record_size();
             // Header copies (64 bytes at 0 and 64), the inline area, then every table and slot.
             let mut regions: Vec<(u64, u64)> = vec![(0, 64), (64, 128), (INLINE_OFF, INLINE_OFF + INLINE_CAPACITY)];
@@ -262,7 +308,7 @@ mod tests {
     #[test]
     fn every_lower_offset_belongs_to_the_group_whose_table_or_slot_holds_it() {
         for shift in [12u8, 17, 20] {
-            let layout = Layout::from_shift(shift).unwrap();
+            let layout = Layout::from_shift(shift).unwrap().in_slots();
             assert_eq!(layout.lower_off_to_group(0), 0);
             for group in 1..5u64 {
                 let table = layout.group_to_table_off(group);
@@ -280,6 +326,48 @@ mod tests {
             // Far away, without overflow: record 2^33's group.
             let record = 1u64 << 33;
             assert_eq!(layout.lower_off_to_group(layout.record_to_slot_off(record, 1)), layout.record_to_group(record));
+        }
+    }
+
+    #[test]
+    fn each_version_keeps_its_tables_where_it_put_them() {
+        let layout = Layout::new(128 * 1024).unwrap();
+        assert_eq!(layout.format_version(), 5);
+        for version in 1..=5u16 {
+            let l = layout.of_version(version);
+            assert_eq!(l.format_version(), version.max(3));
+            assert_eq!(l.placed(), version >= 4);
+            assert_eq!(l.group_to_table_off(0), GROUP0_TABLE_OFF);
+        }
+        // Formats 3 and 4: a table every 64 slots (8 MiB + 4 KiB at 128 KiB records).
+        for l in [layout.of_version(3), layout.of_version(4)] {
+            assert_eq!(l.group_to_table_off(1), HEADER_BLOCK + (64 << 17));
+            assert_eq!(l.group_to_table_off(2), 2 * (HEADER_BLOCK + (64 << 17)));
+        }
+        // Format 5: a table every 8 records' worth (1 MiB + 4 KiB).
+        assert_eq!(layout.group_to_table_off(1), HEADER_BLOCK + (8 << 17));
+        assert_eq!(layout.group_to_table_off(7), 7 * (HEADER_BLOCK + (8 << 17)));
+    }
+
+    #[test]
+    fn placed_tables_and_the_blocks_reserved_for_them_agree() {
+        for layout in [Layout::new(4096).unwrap(), Layout::new(128 * 1024).unwrap(), Layout::new(128 * 1024).unwrap().of_version(4)] {
+            assert_eq!(layout.reserved_block_after(0), 0);
+            assert_eq!(layout.reserved_block_after(HEADER_BLOCK), layout.group_to_table_off(1));
+            assert_eq!(layout.first_table_at_or_after(1), 0);
+            assert_eq!(layout.first_table_at_or_after(GROUP0_TABLE_OFF + 1), 1);
+            for group in 1..50u64 {
+                let table = layout.group_to_table_off(group);
+                assert_eq!(table % BLOCK, 0);
+                assert_eq!(layout.lower_off_to_group(table), group);
+                assert_eq!(layout.lower_off_to_group(table - 1), group - 1);
+                assert_eq!(layout.reserved_block_after(table - 1), table);
+                assert_eq!(layout.reserved_block_after(table), table);
+                assert_eq!(layout.reserved_block_after(table + BLOCK - 1), table);
+                assert_eq!(layout.reserved_block_after(table + BLOCK), layout.group_to_table_off(group + 1));
+                assert_eq!(layout.first_table_at_or_after(table), group);
+                assert_eq!(layout.first_table_at_or_after(table + 1), group + 1);
+            }
         }
     }
 

@@ -1,10 +1,11 @@
-//! The container format, version 4: byte maps and their encoders/decoders (see docs/FORMAT.md).
+//! The container format, version 5: byte maps and their encoders/decoders (see docs/FORMAT.md).
 //!
 //! Header copy (HEADER_COPY_SIZE bytes; two copies, at 0 and 64; the valid copy with the higher
 //! sequence number wins):
 //! ```text
 //!  0  8  magic "DENSEFS\0"
-//!  8  2  format version (u16 LE): 4, or 3 for files of versions 1 to 3 (copies in slots)
+//!  8  2  format version (u16 LE): 5, 4 (copies placed, tables at version 3's offsets), or 3
+//!        for files of versions 1 to 3 (copies in slots)
 //! 10  1  record shift (12..=20: record size 4 KiB..1 MiB)
 //! 11  1  checksum kind (1 = crc32c, 2 = xxh3-64)
 //! 12  1  codec id new records get, or 255 = auto (the engine picks per record)
@@ -31,7 +32,7 @@
 //! 24  4  epoch, bits 0..32: the file's sync epoch when this copy was written
 //! 28  4  crc32c of bytes 0..28 (u32 LE)
 //! ```
-//! Slot descriptor of version 4 (the copy lies where `place` says):
+//! Slot descriptor of versions 4 and 5 (the copy lies where `place` says):
 //! ```text
 //!  0  4  generation (u32 LE; 0 = empty)
 //!  4  4  place: the copy's first byte on the lower file in 4 KiB blocks (u32 LE; 0 = none:
@@ -54,13 +55,16 @@ pub use layout::{Layout, Piece};
 use layout::{GROUP0_TABLE_OFF, MAX_RECORD_SHIFT, TABLE_SIZE};
 
 pub const MAGIC: [u8; 8] = *b"DENSEFS\0";
-/// Version 4: each descriptor says where its copy lies (`Descriptor::place`), so a file's copies
-/// are packed in the order written instead of one per fixed slot. Version 3: version 2's bytes;
+/// Version 5: version 4's bytes with a table every 8 records' worth of lower bytes instead of
+/// every 64 slots (`Layout`), so a file's lower length follows its stored bytes. Version 4:
+/// each descriptor says where its copy lies (`Descriptor::place`), so a file's copies are
+/// packed in the order written instead of one per fixed slot. Version 3: version 2's bytes;
 /// a user's fsync takes one flush, so a header's `durable_below` may lag behind copies an fsync
 /// made durable, and a run keeps the suspect copies it finds intact as durable. Files of
 /// versions 1 to 3 are read and written too (docs/FORMAT.md, "Version history"); a header
-/// write makes them version 3. An older densefs refuses the versions after its own.
-pub const FORMAT_VERSION: u16 = 4;
+/// write makes them version 3, and a file of version 4 stays version 4. An older densefs
+/// refuses the versions after its own.
+pub const FORMAT_VERSION: u16 = 5;
 /// What a header write makes a file of versions 1 to 3: its copies stay in their slots.
 pub const SLOTS_FORMAT_VERSION: u16 = 3;
 pub const HEADER_COPY_SIZE: usize = 64;
@@ -146,7 +150,7 @@ impl Header {
     pub fn encode(&self) -> [u8; HEADER_COPY_SIZE] {
         let mut b = [0u8; HEADER_COPY_SIZE];
         b[0..8].copy_from_slice(&MAGIC);
-        let version = if self.layout.placed() { FORMAT_VERSION } else { SLOTS_FORMAT_VERSION };
+        let version = self.layout.format_version();
         b[8..10].copy_from_slice(&version.to_le_bytes());
         b[10] = self.layout.record_shift();
         b[11] = self.checksum as u8;
@@ -184,9 +188,7 @@ impl Header {
         }
         let parsed = (|| {
             Ok(Header {
-                layout: Layout::from_shift(b[10])
-                    .map(|l| if version >= 4 { l } else { l.in_slots() })
-                    .ok_or(FormatError::BadField("record size"))?,
+                layout: Layout::from_shift(b[10]).map(|l| l.of_version(version)).ok_or(FormatError::BadField("record size"))?,
                 checksum: ChecksumKind::from_id(b[11]).ok_or(FormatError::BadField("checksum kind"))?,
                 setting: Setting::from_header(b[12], b[13] as i8).map_err(|_| FormatError::BadField("codec"))?,
                 size: le_u64(b, 16),
@@ -621,11 +623,17 @@ mod tests {
     }
 
     #[test]
-    fn format_4_headers_say_so_and_older_ones_keep_their_slots() {
+    fn format_5_headers_say_so_and_older_ones_keep_their_layout() {
         let h = header();
         assert!(h.layout.placed());
         let b = h.encode();
         assert_eq!(le_u16(&b, 8), FORMAT_VERSION);
+        let wide = Header { layout: h.layout.of_version(4), ..h };
+        let b = wide.encode();
+        assert_eq!(le_u16(&b, 8), 4);
+        assert_eq!(Header::decode(&block_with(&[(0, b)])), Ok(Some(wide)));
+        assert_eq!(Header::decode_birth(&wide.encode_birth()).unwrap().layout, wide.layout);
+        assert_ne!(wide.layout, h.layout);
         let slots = Header { layout: h.layout.in_slots(), ..h };
         let b = slots.encode();
         assert_eq!(le_u16(&b, 8), SLOTS_FORMAT_VERSION);

@@ -239,7 +239,7 @@ pub fn wait_until(what: &str, mut ok: impl FnMut() -> bool) {
 }
 
 /// Where record `record`'s copy in `slot` lies on a lower container file: where its descriptor
-/// says (format 4), or its slot (formats 1 to 3).
+/// says (formats 4 and 5), or its slot (formats 1 to 3).
 pub fn copy_offset(lower_file: &Path, record: u64, slot: usize) -> u64 {
     copy_descriptor(lower_file, record, slot).0
 }

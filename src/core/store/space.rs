@@ -1,4 +1,4 @@
-//! Where a format-4 container's next copy goes: the lower file's free space, as ranges between
+//! Where a format-4 or -5 container's next copy goes: the lower file's free space, as ranges between
 //! the copies its descriptors point at (docs/FORMAT.md, "Placing a copy"). Pure bookkeeping of
 //! offsets; the store builds it from every table before its first placement and tells it of
 //! each copy placed and each place given up.
