@@ -22,6 +22,11 @@ pub struct FileStats {
     /// Bytes the lower file occupies (its allocated blocks).
     pub physical: u64,
     pub record_size: Option<u64>,
+    /// The container's format version (docs/FORMAT.md): 5, or an earlier one it keeps.
+    pub format_version: Option<u16>,
+    /// The lower file's length (a directory's: its files' together): format 4's reaches about
+    /// twice the logical size.
+    pub lower_length: u64,
     pub compression: Option<String>,
     /// Current records by how they are stored: a setting name (`gzip-6`), `raw` or `hole`.
     pub records: BTreeMap<String, u64>,
@@ -42,6 +47,7 @@ impl FileStats {
         self.logical_size += other.logical_size;
         self.logical_data += other.logical_data;
         self.physical += other.physical;
+        self.lower_length += other.lower_length;
         for (k, v) in &other.records {
             *self.records.entry(k.clone()).or_default() += v;
         }
@@ -53,7 +59,7 @@ impl FileStats {
 /// decoded, and each failure is listed.
 pub fn inspect(file: &File, verify: bool) -> io::Result<FileStats> {
     let meta = file.metadata()?;
-    let mut stats = FileStats { physical: meta.blocks() * 512, ..FileStats::default() };
+    let mut stats = FileStats { physical: meta.blocks() * 512, lower_length: meta.len(), ..FileStats::default() };
     let mut block = vec![0u8; 4096];
     let n = file.read_at(&mut block, 0)?;
     let header = match Header::decode(&block[..n]) {
@@ -72,6 +78,7 @@ pub fn inspect(file: &File, verify: bool) -> io::Result<FileStats> {
     stats.container = true;
     stats.logical_size = header.size;
     stats.record_size = Some(header.layout.record_size());
+    stats.format_version = Some(header.layout.format_version());
     stats.compression = Some(header.setting.to_string());
     let layout = header.layout;
     // Tables and slots are read as the container reads them (not healed: what is on the disk).

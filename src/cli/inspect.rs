@@ -25,7 +25,9 @@ pub fn stat(json: bool, files: &[PathBuf]) -> Result<(), String> {
         println!("  Size: {} logical ({} stored data), {} on disk, ratio {:.2}x", n("written"), n("logicalused"), n("used"), ratio(stats));
         match report["properties"]["compression"]["value"].as_str() {
             Some(c) => println!(
-                "  Stored as: container, compression {c}, record size {}",
+                "  Stored as: container (format {}, lower file {} bytes long), compression {c}, record size {}",
+                report["format_version"],
+                report["lower_length"],
                 report["properties"]["recordsize"]["value"].as_str().unwrap_or("-")
             ),
             None => println!("  Stored as: plain file (written before densefs, or left as it was)"),

@@ -277,6 +277,8 @@ impl DenseFs {
             "problems": out.problems,
             "datasets": out.datasets,
             "record_size": stats.record_size,
+            "format_version": stats.format_version,
+            "lower_length": stats.lower_length,
         });
         Ok(report.to_string())
     }
