@@ -116,6 +116,27 @@ fn files_of_versions_3_and_4_take_writes_and_keep_their_layout() {
     }
 }
 
+/// `densefs recompress` moves a file of an earlier format into the current one (a new container
+/// renamed over it), keeping its bytes.
+#[test]
+fn recompress_moves_files_of_versions_3_and_4_to_version_5() {
+    for version in [3u16, 4] {
+        let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/fixtures/v{version}"));
+        let d = Dirs::new();
+        copy_dir(&fixtures, &d.lower);
+        let (name, options, data) = fixture_files().into_iter().find(|f| f.0 == "zle-4k").unwrap();
+        let m = Mount::new(&d.lower, &d.mnt, options);
+        let out = std::process::Command::new(common::BIN).arg("recompress").arg(m.path(name)).output().unwrap();
+        assert!(out.status.success(), "recompress: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(fs::read(m.path(name)).unwrap() == data, "v{version}/{name} after recompress");
+        m.unmount();
+        assert_eq!(header_version(&d.lower.join(name)), 5, "v{version}/{name} recompressed");
+        let m = Mount::new(&d.lower, &d.mnt, "");
+        assert!(fs::read(m.path(name)).unwrap() == data, "v{version}/{name} after a remount");
+        m.unmount();
+    }
+}
+
 /// Runs of data on a lower file (between holes), by SEEK_DATA / SEEK_HOLE.
 fn data_runs(path: &Path) -> usize {
     use std::os::fd::AsRawFd;

@@ -1,9 +1,10 @@
 //! `densefs recompress`: rewrite a file's stored form with the current (or given) properties,
 //! online.
 //!
-//! A container keeping its record size is re-encoded in place, record by record, through the
-//! ordinary write path (readers and writers carry on). A plain file, or a container changing its
-//! record size, is copied into a new container next to it (a hidden `.densefs.` name), synced,
+//! A container keeping its record size and layout is re-encoded in place, record by record,
+//! through the ordinary write path (readers and writers carry on). A plain file, or a container
+//! changing its record size or of an earlier format (whose layout a write keeps: format 4's far
+//! tables, format 3's slots), is copied into a new container next to it (a hidden `.densefs.` name), synced,
 //! given the old one's owner, mode, times and xattrs, and renamed over it; that needs the file
 //! not to be open and not hard-linked (its lower inode changes), else it is left alone with an
 //! error saying why.
