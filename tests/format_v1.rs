@@ -117,7 +117,7 @@ fn files_of_versions_3_and_4_take_writes_and_keep_their_layout() {
 }
 
 /// `densefs recompress` moves a file of an earlier format into the current one (a new container
-/// renamed over it), keeping its bytes.
+/// renamed over it), keeping its bytes; a format-4 file it cannot move is re-encoded in place.
 #[test]
 fn recompress_moves_files_of_versions_3_and_4_to_version_5() {
     for version in [3u16, 4] {
@@ -135,6 +135,18 @@ fn recompress_moves_files_of_versions_3_and_4_to_version_5() {
         assert!(fs::read(m.path(name)).unwrap() == data, "v{version}/{name} after a remount");
         m.unmount();
     }
+    // A format-4 file held open is re-encoded where it is, and stays format 4.
+    let d = Dirs::new();
+    copy_dir(&Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/v4"), &d.lower);
+    let (name, options, data) = fixture_files().into_iter().find(|f| f.0 == "zle-4k").unwrap();
+    let m = Mount::new(&d.lower, &d.mnt, options);
+    let held = fs::File::open(m.path(name)).unwrap();
+    let out = std::process::Command::new(common::BIN).arg("recompress").arg(m.path(name)).output().unwrap();
+    assert!(out.status.success(), "recompress of an open v4 file: {}", String::from_utf8_lossy(&out.stderr));
+    drop(held);
+    assert!(fs::read(m.path(name)).unwrap() == data);
+    m.unmount();
+    assert_eq!(header_version(&d.lower.join(name)), 4, "an open v4 file stays v4");
 }
 
 /// Runs of data on a lower file (between holes), by SEEK_DATA / SEEK_HOLE.

@@ -4,7 +4,8 @@
 //! A container keeping its record size and layout is re-encoded in place, record by record,
 //! through the ordinary write path (readers and writers carry on). A plain file, or a container
 //! changing its record size or of an earlier format (whose layout a write keeps: format 4's far
-//! tables, format 3's slots), is copied into a new container next to it (a hidden `.densefs.` name), synced,
+//! tables, format 3's slots; a format-4 file that is open or hard-linked is re-encoded in place
+//! instead), is copied into a new container next to it (a hidden `.densefs.` name), synced,
 //! given the old one's owner, mode, times and xattrs, and renamed over it; that needs the file
 //! not to be open and not hard-linked (its lower inode changes), else it is left alone with an
 //! error saying why.
@@ -48,15 +49,19 @@ impl DenseFs {
             }
             None => self.load_content(node, true, None)?,
         };
+        let lower_meta = lower::reopen(node.raw_fd(), libc::O_RDONLY)?.metadata()?;
+        let movable = open.handles == 0 && lower_meta.nlink() <= 1;
         if let Content::Container(c) = &content {
-            if c.layout() == settings.layout {
+            // A file of format 4 that cannot move (open, hard-linked) is re-encoded in place and
+            // keeps its format, as before format 5 existed.
+            let same_records = c.layout().record_size() == settings.layout.record_size();
+            if c.layout() == settings.layout || (same_records && c.layout().placed() && !movable) {
                 return c.recompress(settings.compression, settings.record_policy());
             }
         }
         if open.handles > 0 {
             return Err(FsError::new(libc::EBUSY, "open; changing how it is stored needs it closed"));
         }
-        let lower_meta = lower::reopen(node.raw_fd(), libc::O_RDONLY)?.metadata()?;
         if lower_meta.nlink() > 1 {
             return Err(FsError::new(libc::EMLINK, "hard-linked; changing how it is stored would split the links"));
         }
