@@ -35,19 +35,24 @@ fn fixture_files() -> Vec<(&'static str, &'static str, Vec<u8>)> {
     ]
 }
 
-fn copy_dir(from: &Path, to: &Path) {
-    for e in fs::read_dir(from).unwrap() {
+fn fixtures(set: &str) -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(set)
+}
+
+/// A lower directory holding a copy of the fixture set `set` (`v1`, ... `v5`).
+fn lower_with_fixtures(set: &str) -> Dirs {
+    let d = Dirs::new();
+    for e in fs::read_dir(fixtures(set)).unwrap() {
         let e = e.unwrap();
-        fs::copy(e.path(), to.join(e.file_name())).unwrap();
+        fs::copy(e.path(), d.lower.join(e.file_name())).unwrap();
     }
+    d
 }
 
 #[test]
 fn fixtures_of_every_version_read_back_exactly_and_stay_unchanged() {
     for set in ["v1-first", "v1", "v2", "v3", "v4", "v5"] {
-        let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(set);
-        let d = Dirs::new();
-        copy_dir(&fixtures, &d.lower);
+        let d = lower_with_fixtures(set);
         let m = Mount::new(&d.lower, &d.mnt, "");
         for (name, _, data) in fixture_files() {
             assert_eq!(fs::read(m.path(name)).unwrap(), data, "{set}/{name}");
@@ -58,7 +63,10 @@ fn fixtures_of_every_version_read_back_exactly_and_stay_unchanged() {
         }
         m.unmount();
         for (name, _, _) in fixture_files() {
-            assert!(fs::read(d.lower.join(name)).unwrap() == fs::read(fixtures.join(name)).unwrap(), "reading {set}/{name} changed it");
+            assert!(
+                fs::read(d.lower.join(name)).unwrap() == fs::read(fixtures(set).join(name)).unwrap(),
+                "reading {set}/{name} changed it"
+            );
         }
     }
 }
@@ -72,9 +80,7 @@ fn header_version(lower_file: &Path) -> u16 {
 #[test]
 fn files_of_versions_3_and_4_take_writes_and_keep_their_layout() {
     for version in [3u16, 4] {
-        let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/fixtures/v{version}"));
-        let d = Dirs::new();
-        copy_dir(&fixtures, &d.lower);
+        let d = lower_with_fixtures(&format!("v{version}"));
         let m = Mount::new(&d.lower, &d.mnt, "");
         let mut expected = Vec::new();
         for (name, _, data) in fixture_files() {
@@ -121,9 +127,7 @@ fn files_of_versions_3_and_4_take_writes_and_keep_their_layout() {
 #[test]
 fn recompress_moves_files_of_versions_3_and_4_to_version_5() {
     for version in [3u16, 4] {
-        let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/fixtures/v{version}"));
-        let d = Dirs::new();
-        copy_dir(&fixtures, &d.lower);
+        let d = lower_with_fixtures(&format!("v{version}"));
         let (name, options, data) = fixture_files().into_iter().find(|f| f.0 == "zle-4k").unwrap();
         let m = Mount::new(&d.lower, &d.mnt, options);
         let out = std::process::Command::new(common::BIN).arg("recompress").arg(m.path(name)).output().unwrap();
@@ -136,8 +140,7 @@ fn recompress_moves_files_of_versions_3_and_4_to_version_5() {
         m.unmount();
     }
     // A format-4 file held open is re-encoded where it is, and stays format 4.
-    let d = Dirs::new();
-    copy_dir(&Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/v4"), &d.lower);
+    let d = lower_with_fixtures("v4");
     let (name, options, data) = fixture_files().into_iter().find(|f| f.0 == "zle-4k").unwrap();
     let m = Mount::new(&d.lower, &d.mnt, options);
     let held = fs::File::open(m.path(name)).unwrap();

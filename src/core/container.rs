@@ -475,7 +475,7 @@ impl Container {
 
     pub fn read(&self, offset: u64, len: usize) -> FsResult<ReadBytes> {
         let size = self.size();
-        if offset >= size {
+        if offset >= size || len == 0 {
             return Ok(ReadBytes::owned(Vec::new()));
         }
         let len = (len as u64).min(size - offset);

@@ -225,6 +225,21 @@ impl Layout {
             + ((record % GROUP_RECORDS) * SLOTS_PER_RECORD + slot as u64) * self.record_size()
     }
 
+    /// How far into the lower file the copies of records `0..=record` can reach: their slots'
+    /// end (formats 1 to 3), or two copies of each (a record rewritten before a sync keeps its
+    /// older one) with the table blocks between them (formats 4 and 5). None past u64.
+    pub fn lower_end_bound(&self, record: u64) -> Option<u64> {
+        if !self.placed() {
+            // record_to_slot_off(record, 1) + record size, checked.
+            let within = ((record % GROUP_RECORDS) * SLOTS_PER_RECORD + 2) * self.record_size();
+            let group = self.record_to_group(record).checked_mul(self.slots_span() + BLOCK)?;
+            return group.checked_add(HEADER_BLOCK + within);
+        }
+        let copies = record.checked_add(1)?.checked_mul(SLOTS_PER_RECORD * self.record_size())?;
+        let tables = copies.div_ceil(self.slots_span()) + 1;
+        HEADER_BLOCK.checked_add(copies)?.checked_add(tables.checked_mul(BLOCK)?)
+    }
+
     /// Lower-file length that holds every record below `records` (the end of its last group;
     /// formats 1 to 3).
     pub fn records_to_lower_len(&self, records: u64) -> u64 {
@@ -368,6 +383,31 @@ mod tests {
                 assert_eq!(layout.first_table_at_or_after(table), group);
                 assert_eq!(layout.first_table_at_or_after(table + 1), group + 1);
             }
+        }
+    }
+
+    #[test]
+    fn the_lower_end_bound_covers_two_copies_of_every_record_and_the_tables_among_them() {
+        for layout in [Layout::new(4096).unwrap(), Layout::new(128 * 1024).unwrap()] {
+            let rs = layout.record_size();
+            for format in [3u16, 4, 5] {
+                let l = layout.of_version(format);
+                for record in [0u64, 1, 31, 32, 1000] {
+                    let bound = l.lower_end_bound(record).unwrap();
+                    if format == 3 {
+                        assert_eq!(bound, l.record_to_slot_off(record, 1) + rs);
+                    }
+                    assert!(bound >= HEADER_BLOCK + 2 * (record + 1) * rs, "format {format}, record {record}");
+                    // The record's own table lies below it.
+                    assert!(l.group_to_table_off(l.record_to_group(record)) + BLOCK <= bound);
+                }
+                // No overflow far out.
+                assert!(l.lower_end_bound(u64::MAX / 2).is_none());
+            }
+            // Placed copies may take what format 3's slots took, give or take a table block.
+            let (slots, placed) =
+                (layout.of_version(3).lower_end_bound(1000).unwrap(), layout.of_version(4).lower_end_bound(1000).unwrap());
+            assert!(placed >= slots && placed <= slots + 2 * BLOCK, "{placed} against {slots}");
         }
     }
 

@@ -485,7 +485,7 @@ impl Store {
             if record >= (i64::MAX as u64 / 2) / self.layout.record_size() {
                 return false;
             }
-            let lower_end = self.layout.record_to_slot_off(record, 1).checked_add(self.layout.record_size());
+            let lower_end = self.layout.lower_end_bound(record);
             // Every writable Linux file system holds files of 2 GiB (FAT's limit is 4 GiB): no
             // need to ask for less.
             lower_end.is_some_and(|e| e <= 1 << 31 || lower::offset_allowed(&self.lower, e))
