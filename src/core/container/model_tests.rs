@@ -314,6 +314,8 @@ fn model_random_seeds() {
     let count: u64 = std::env::var("DENSEFS_MODEL_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(6);
     let base = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() << 16;
     for i in 0..count {
+        // Shown with the test's output if it fails, also where a panic skips run_seed's report.
+        println!("model seed {} (user fsyncs: {})", base + i, i % 2 == 1);
         run_seed("random", base + i, i % 2 == 1);
     }
 }
