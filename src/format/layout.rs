@@ -11,10 +11,13 @@
 //! descriptors) per record. Formats 4 and 5 place each copy where its descriptor says, so the
 //! slots are only room between tables: format 4 keeps format 3's (64 slots after each table),
 //! format 5 leaves room for 8 records after each table, so that a compressed file's lower
-//! length follows its stored bytes instead of twice its logical size. Every slot starts on a 4 KiB boundary, so a slot's unused tail can be
-//! punched out and the lower file's allocated blocks follow the compressed size. Group 0's table
+//! length follows its stored bytes instead of twice its logical size. Every slot starts on a
+//! 4 KiB boundary, so a slot's unused tail can be punched out and the lower file's allocated
+//! blocks follow the compressed size. Group 0's table
 //! shares the header's block, and so may record 0's slot 0 when it compresses to at most
 //! INLINE_CAPACITY bytes: a small file then takes a single block.
+
+use super::{FORMAT_VERSION, PLACED_WIDE_FORMAT_VERSION, SLOTS_FORMAT_VERSION};
 
 pub const HEADER_BLOCK: u64 = 4096;
 pub const GROUP_RECORDS: u64 = 32;
@@ -87,8 +90,8 @@ impl Layout {
     /// The same records laid out as format `version` lays them out (1 to 5).
     pub fn of_version(self, version: u16) -> Layout {
         let arrangement = match version {
-            ..=3 => Arrangement::InSlots,
-            4 => Arrangement::PlacedWide,
+            ..=SLOTS_FORMAT_VERSION => Arrangement::InSlots,
+            PLACED_WIDE_FORMAT_VERSION => Arrangement::PlacedWide,
             _ => Arrangement::Placed,
         };
         Layout { arrangement, ..self }
@@ -98,15 +101,15 @@ impl Layout {
     /// layout it was born with (files of versions 1 and 2 become version 3: same layout).
     pub fn format_version(&self) -> u16 {
         match self.arrangement {
-            Arrangement::InSlots => 3,
-            Arrangement::PlacedWide => 4,
-            Arrangement::Placed => 5,
+            Arrangement::InSlots => SLOTS_FORMAT_VERSION,
+            Arrangement::PlacedWide => PLACED_WIDE_FORMAT_VERSION,
+            Arrangement::Placed => FORMAT_VERSION,
         }
     }
 
     /// The same records with each copy in its record's slot (formats 1 to 3).
     pub fn in_slots(self) -> Layout {
-        self.of_version(3)
+        self.of_version(SLOTS_FORMAT_VERSION)
     }
 
     /// Whether descriptors say where their copies lie (formats 4 and 5).

@@ -67,6 +67,8 @@ pub const MAGIC: [u8; 8] = *b"DENSEFS\0";
 pub const FORMAT_VERSION: u16 = 5;
 /// What a header write makes a file of versions 1 to 3: its copies stay in their slots.
 pub const SLOTS_FORMAT_VERSION: u16 = 3;
+/// What a file of version 4 stays: copies placed, its tables at version 3's offsets.
+pub const PLACED_WIDE_FORMAT_VERSION: u16 = 4;
 pub const HEADER_COPY_SIZE: usize = 64;
 pub const HEADER_COPY_STRIDE: usize = 64;
 /// Where the first densefs (format 1, before the inline area) kept header copy B.
