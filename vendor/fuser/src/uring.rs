@@ -317,16 +317,76 @@ fn possible_cpus() -> usize {
         )
 }
 
-fn pin_to_cpu(cpu: usize) {
-    // SAFETY: a zeroed cpu_set_t is an empty set; sched_setaffinity reads it.
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(cpu, &mut set);
-        if libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &set) != 0 {
-            // An offline CPU: the queue is still served, from wherever the thread runs.
-            debug!("cannot pin the ring thread to CPU {cpu}: {}", io::Error::last_os_error());
+/// A READ at least this large is served with the thread free to run on any CPU (see
+/// `Affinity`): decoding it takes far longer than the wake-ups that pinning saves.
+const WIDE_READ_BYTES: u32 = 256 * 1024;
+
+/// Where a ring thread may run. Pinned to its queue's CPU, a small request is answered where its
+/// caller runs. A large READ (a sequential reader's read-ahead) is different: the kernel queues
+/// all of a reader's READs on the reader's CPU, so pinned ring threads would copy and reply to
+/// every one of them on that CPU beside the reader itself, while the other CPUs wait for work
+/// (measured: a quarter of two CPUs idle on a cold 1 GiB read). Such a READ is served with the
+/// thread's affinity widened, and the thread stays free until it takes a request that is not
+/// one: pinned again after each commit, it would wait for the stream's next READ on the
+/// reader's CPU and serve it there (measured: most of the gain lost).
+struct Affinity {
+    cpu: usize,
+    /// The CPUs the process may use (as started, e.g. under `taskset`).
+    allowed: Option<libc::cpu_set_t>,
+    wide: bool,
+}
+
+impl Affinity {
+    /// Pins the calling thread to `cpu`.
+    fn pin(cpu: usize) -> Affinity {
+        // SAFETY: a zeroed cpu_set_t is an empty set; sched_getaffinity fills it.
+        let allowed = unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            (libc::sched_getaffinity(0, size_of::<libc::cpu_set_t>(), &mut set) == 0).then_some(set)
+        };
+        let mut affinity = Affinity {
+            cpu,
+            allowed,
+            wide: true,
+        };
+        affinity.narrow();
+        affinity
+    }
+
+    /// Lets the thread run on any CPU the process may use.
+    fn widen(&mut self) {
+        if let Some(set) = &self.allowed {
+            if !self.wide && set_affinity(set).is_ok() {
+                self.wide = true;
+            }
         }
     }
+
+    /// Back on the queue's CPU.
+    fn narrow(&mut self) {
+        if !self.wide {
+            return;
+        }
+        self.wide = false;
+        // SAFETY: a zeroed cpu_set_t is an empty set; CPU_SET ignores a CPU past its end.
+        let set = unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            libc::CPU_SET(self.cpu, &mut set);
+            set
+        };
+        if let Err(e) = set_affinity(&set) {
+            // An offline CPU: the queue is still served, from wherever the thread runs.
+            debug!("cannot pin the ring thread to CPU {}: {e}", self.cpu);
+        }
+    }
+}
+
+fn set_affinity(set: &libc::cpu_set_t) -> io::Result<()> {
+    // SAFETY: sched_setaffinity reads a whole cpu_set_t.
+    if unsafe { libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), set) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 impl<FS: Filesystem> UringQueues<FS> {
@@ -342,8 +402,8 @@ impl<FS: Filesystem> UringQueues<FS> {
                     std::thread::Builder::new()
                         .name(name.clone())
                         .spawn(move || {
-                            pin_to_cpu(qid);
-                            let result = queues.serve(qid as u16, name);
+                            let affinity = Affinity::pin(qid);
+                            let result = queues.serve(qid as u16, name, affinity);
                             if let Err(e) = &result {
                                 error!("io_uring queue {qid}: {e}");
                             }
@@ -356,7 +416,7 @@ impl<FS: Filesystem> UringQueues<FS> {
     }
 
     /// Serves one ring entry of queue `qid` until the connection ends.
-    fn serve(&self, qid: u16, thread_name: String) -> io::Result<()> {
+    fn serve(&self, qid: u16, thread_name: String, mut affinity: Affinity) -> io::Result<()> {
         let mut entry = EntryBuffers::new(self.payload_size);
         let sender = UringSender::new(&mut entry);
         // Declared after the buffers, so dropped (closed, cancelling the entry) before them.
@@ -418,6 +478,12 @@ impl<FS: Filesystem> UringQueues<FS> {
                     match RequestWithSender::new_uring(event_loop.ch.sender(), sender.clone(), message)
                     {
                         Some(req) => {
+                            match req.request.operation() {
+                                Ok(ll::Operation::Read(read)) if read.size() >= WIDE_READ_BYTES => {
+                                    affinity.widen()
+                                }
+                                _ => affinity.narrow(),
+                            }
                             if let Ok(ll::Operation::Destroy(_)) = req.request.operation() {
                                 req.reply::<crate::ReplyEmpty>().ok();
                             } else if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
