@@ -2,7 +2,8 @@
 //! threads pinned to it (vendor/fuser/src/uring.rs). Everything a program does through the mount
 //! must behave as through /dev/fuse: these tests drive each CPU's queue with every kind of
 //! request, check the bytes and metadata against the same work done through /dev/fuse, and check
-//! that each CPU's ring threads answered that CPU's requests.
+//! that each CPU's ring threads answered that CPU's requests (and that a thread serving a
+//! reader's large READs may run on any CPU until it serves a small request again).
 //!
 //! The kernel offers the rings only with /sys/module/fuse/parameters/enable_uring set: the tests
 //! set it (they run as root, as the suite does); on a kernel without the switch they say so and
@@ -201,6 +202,84 @@ fn every_cpus_queue_serves_every_kind_of_request_through_the_rings() {
     let log = fs::read_to_string(&m.log).unwrap();
     assert!(log.contains("requests through /dev/fuse"), "io_uring=off keeps to /dev/fuse: {log}");
     check_tree(&d.mnt, &expect);
+    m.unmount();
+}
+
+/// Each ring thread's `Cpus_allowed_list` ("1", "0-1"), by thread name.
+fn ring_affinities(pid: u32) -> BTreeMap<String, String> {
+    let mut by_name = BTreeMap::new();
+    for task in fs::read_dir(format!("/proc/{pid}/task")).unwrap().flatten() {
+        let name = fs::read_to_string(task.path().join("comm")).unwrap_or_default().trim().to_string();
+        if !name.starts_with("fuser-ring-") {
+            continue;
+        }
+        let status = fs::read_to_string(task.path().join("status")).unwrap_or_default();
+        let allowed = status.lines().find_map(|l| l.strip_prefix("Cpus_allowed_list:")).unwrap_or_default().trim().to_string();
+        by_name.insert(name, allowed);
+    }
+    by_name
+}
+
+/// The queue a ring thread serves, from its name (`fuser-ring-CPU.N`).
+fn ring_cpu(name: &str) -> String {
+    name.trim_start_matches("fuser-ring-").split('.').next().unwrap().to_string()
+}
+
+#[test]
+fn a_large_read_is_served_from_any_cpu_and_small_requests_from_the_callers() {
+    let _serial = serial();
+    if !offer_io_uring() || cpus() < 2 {
+        return;
+    }
+    let d = Dirs::new();
+    let data = compressible(16 << 20, 7);
+    let m = Mount::new(&d.lower, &d.mnt, "io_uring=on,compression=zstd-3");
+    fs::write(m.path("big"), &data).unwrap();
+    m.unmount();
+
+    // Remounted, so the kernel has none of the file cached and its read-ahead sends 1 MiB READs.
+    let m = Mount::new(&d.lower, &d.mnt, "io_uring=on");
+    let pid = m.child.as_ref().unwrap().id();
+    let pinned = ring_affinities(pid);
+    assert!(pinned.len() >= 2 * cpus(), "two ring threads per CPU at least: {pinned:?}");
+    for (name, allowed) in &pinned {
+        assert_eq!(*allowed, ring_cpu(name), "{name} starts pinned to its queue's CPU");
+    }
+    pin_to(0);
+    let mut got = Vec::new();
+    fs::File::open(m.path("big")).unwrap().read_to_end(&mut got).unwrap();
+    unpin();
+    assert!(got == data, "the file reads back whole ({} bytes of {})", got.len(), data.len());
+    // The reader's READs all came to CPU 0's queue; the threads that served them may run anywhere.
+    let after_read = ring_affinities(pid);
+    let widened: Vec<&String> = after_read.iter().filter(|(name, allowed)| **allowed != ring_cpu(name)).map(|(name, _)| name).collect();
+    assert!(!widened.is_empty(), "a thread that served a large READ is free to run on any CPU: {after_read:?}");
+    for name in &widened {
+        assert_eq!(ring_cpu(name), "0", "only the reader's queue served large READs: {after_read:?}");
+    }
+
+    // Small requests from CPU 0, two callers at once so that both of its threads take some:
+    // each thread that takes one is pinned again.
+    pin_to(0);
+    std::thread::scope(|s| {
+        for t in 0..2 {
+            let dir = m.path(&format!("small{t}"));
+            s.spawn(move || {
+                pin_to(0);
+                fs::create_dir(&dir).unwrap();
+                for i in 0..300 {
+                    let f = dir.join(format!("f{i}"));
+                    fs::write(&f, b"x").unwrap();
+                    fs::remove_file(&f).unwrap();
+                }
+            });
+        }
+    });
+    unpin();
+    let after_small = ring_affinities(pid);
+    for (name, allowed) in &after_small {
+        assert_eq!(*allowed, ring_cpu(name), "{name} is pinned again by the small requests it served: {after_small:?}");
+    }
     m.unmount();
 }
 
