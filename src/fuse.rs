@@ -34,6 +34,10 @@ pub const READ_AHEAD_KB: u32 = 4096;
 pub struct FuseAdapter {
     fs: Arc<DenseFs>,
     read_only: bool,
+    /// Writes through a write-only open go straight to the daemon (FOPEN_DIRECT_IO), not
+    /// through the kernel's page cache, where the kernel keeps other opens' cached pages right
+    /// (see `init`).
+    direct_writes: bool,
     /// WRITABLE_TTL or READ_ONLY_TTL.
     ttl: Duration,
     /// The mount's `read_ahead_kb` in sysfs, written once INIT is done (the kernel sets it at
@@ -44,13 +48,31 @@ pub struct FuseAdapter {
 impl FuseAdapter {
     pub fn new(fs: Arc<DenseFs>, read_only: bool) -> FuseAdapter {
         let ttl = if read_only { READ_ONLY_TTL } else { WRITABLE_TTL };
-        FuseAdapter { fs, read_only, ttl, read_ahead_knob: Arc::default() }
+        FuseAdapter { fs, read_only, ttl, direct_writes: false, read_ahead_knob: Arc::default() }
     }
 
     /// Where to raise the mount's read-ahead to [`READ_AHEAD_KB`] (`/sys/class/bdi/MAJ:MIN/read_ahead_kb`),
     /// once the mount exists; the adapter does it after INIT.
     pub fn read_ahead_knob(&self) -> Arc<parking_lot::Mutex<Option<std::path::PathBuf>>> {
         self.read_ahead_knob.clone()
+    }
+
+    /// The open flags of a file's open: see `open`, `create` and `direct_writes`.
+    fn file_open_flags(&self, flags: i32) -> FopenFlags {
+        // Every change to a file's contents passes through this mount, so the kernel's cached
+        // pages stay right across opens.
+        let mut open_flags = FopenFlags::FOPEN_KEEP_CACHE;
+        match flags & libc::O_ACCMODE {
+            // A reader's close has nothing to land: the kernel need not send its FLUSH (a round
+            // trip per file read, as `cat` of a tree makes).
+            libc::O_RDONLY => open_flags |= FopenFlags::FOPEN_NOFLUSH,
+            // A write-only open cannot read or map what it writes: caching it would only copy
+            // every byte once more into pages nobody asked for (`cp` of a 3 GB file touched
+            // 3 GB of page cache besides the lower file's).
+            libc::O_WRONLY if self.direct_writes => open_flags |= FopenFlags::FOPEN_DIRECT_IO,
+            _ => {}
+        }
+        open_flags
     }
 
     fn tune_read_ahead(&self) {
@@ -169,6 +191,13 @@ impl Filesystem for FuseAdapter {
         // the daemon, which has the lower apply it, or the parent's default ACL instead
         // (`Caller::umask`).
         let _ = config.add_capabilities(InitFlags::FUSE_POSIX_ACL | InitFlags::FUSE_DONT_MASK);
+        // A direct write drops the pages other opens cached of its range since Linux 6.6, the
+        // release that also offers DIRECT_IO_ALLOW_MMAP (not asked for: write-only opens cannot
+        // map anyway). Before it, a reader could go on seeing what a direct write replaced.
+        self.direct_writes = config.capabilities().contains(InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP);
+        if self.direct_writes {
+            tracing::info!("writes through write-only opens bypass the kernel's page cache");
+        }
         Ok(())
     }
 
@@ -262,13 +291,7 @@ impl Filesystem for FuseAdapter {
 
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         self.tune_read_ahead();
-        // Every change to a file's contents passes through this mount, so the kernel's cached
-        // pages stay right across opens. A reader's close has nothing to land: the kernel need
-        // not send its FLUSH (a round trip per file read, as `cat` of a tree makes).
-        let mut open_flags = FopenFlags::FOPEN_KEEP_CACHE;
-        if flags.0 & libc::O_ACCMODE == libc::O_RDONLY {
-            open_flags |= FopenFlags::FOPEN_NOFLUSH;
-        }
+        let open_flags = self.file_open_flags(flags.0);
         match self.fs.open(ino.0, flags.0, lacks_fsetid(req)) {
             Ok(fh) => reply.opened(FileHandle(fh), open_flags),
             Err(e) => reply.error(errno("open", e)),
@@ -398,7 +421,7 @@ impl Filesystem for FuseAdapter {
         match self.fs.create(parent.0, name, mode, flags, creator(req, umask)) {
             Ok((attr, fh)) => {
                 let generation = Generation(self.fs.generation(attr.ino));
-                reply.created(&self.ttl, &fuse_attr(&attr), generation, FileHandle(fh), FopenFlags::FOPEN_KEEP_CACHE)
+                reply.created(&self.ttl, &fuse_attr(&attr), generation, FileHandle(fh), self.file_open_flags(flags))
             }
             Err(e) => reply.error(errno("create", e)),
         }

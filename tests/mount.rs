@@ -459,3 +459,66 @@ fn truncating_to_zero_and_writing_again_leaves_no_stale_records() {
     assert_eq!(fs::read(m.path("f")).unwrap(), expect);
     m.unmount();
 }
+
+/// Pages of `map` the kernel holds in its page cache (mincore).
+fn resident_pages(map: &memmap2::Mmap) -> usize {
+    let page = 4096;
+    let mut vec = vec![0u8; map.len().div_ceil(page)];
+    // SAFETY: the mapping is `map.len()` bytes long and `vec` has a byte per page of it.
+    let rc = unsafe { libc::mincore(map.as_ptr() as *mut libc::c_void, map.len(), vec.as_mut_ptr()) };
+    assert_eq!(rc, 0, "mincore: {}", std::io::Error::last_os_error());
+    vec.iter().filter(|v| **v & 1 != 0).count()
+}
+
+#[test]
+fn write_only_opens_bypass_the_page_cache_and_cached_readers_see_what_they_write() {
+    let d = Dirs::new();
+    let m = Mount::new(&d.lower, &d.mnt, "recordsize=64K");
+    let direct = fs::read_to_string(&m.log).unwrap().contains("write-only opens bypass the kernel's page cache");
+    let path = m.path("f");
+    let mut expect = compressible(1 << 20, 1);
+    // Written through a read-write open, then read: the kernel caches it.
+    OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&path).unwrap().write_all(&expect).unwrap();
+    let reader = File::open(&path).unwrap();
+    let mut got = vec![0; expect.len()];
+    reader.read_exact_at(&mut got, 0).unwrap();
+    assert!(got == expect);
+    // SAFETY: the file is not truncated while mapped.
+    let map = unsafe { memmap2::MmapOptions::new().map(&reader) }.unwrap();
+    assert!(map[..] == expect[..]);
+    assert!(resident_pages(&map) > 0, "the reader's pages are cached");
+
+    // A write-only open overwrites the middle and appends: the reader's descriptor, its
+    // mapping and a new open all see the new bytes, as on a local file system.
+    let middle = random_bytes(200_000, 2);
+    OpenOptions::new().write(true).open(&path).unwrap().write_all_at(&middle, 300_000).unwrap();
+    expect[300_000..500_000].copy_from_slice(&middle);
+    let tail = random_bytes(70_000, 3);
+    OpenOptions::new().append(true).open(&path).unwrap().write_all(&tail).unwrap();
+    expect.extend_from_slice(&tail);
+    assert_eq!(reader.metadata().unwrap().len(), expect.len() as u64);
+    let mut got = vec![0; expect.len()];
+    reader.read_exact_at(&mut got, 0).unwrap();
+    assert!(got == expect, "the reader's descriptor reads the new bytes");
+    assert!(map[..] == expect[..map.len()], "the reader's mapping shows the new bytes");
+    assert!(fs::read(&path).unwrap() == expect, "a new open reads the new bytes");
+    drop(map);
+
+    if direct {
+        // What only write-only opens wrote leaves nothing in the kernel's page cache (`cp`,
+        // `tar x` and `>` open that way), and reads back from the daemon.
+        let data = compressible(2 << 20, 4);
+        fs::write(m.path("g"), &data).unwrap();
+        let g = File::open(m.path("g")).unwrap();
+        // SAFETY: as above.
+        let map = unsafe { memmap2::MmapOptions::new().map(&g) }.unwrap();
+        assert_eq!(resident_pages(&map), 0, "nothing cached of a file written write-only");
+        assert!(map[..] == data[..]);
+    }
+    drop(reader);
+    m.unmount();
+
+    let m = Mount::new(&d.lower, &d.mnt, "");
+    assert!(fs::read(m.path("f")).unwrap() == expect, "the bytes reached the lower file");
+    m.unmount();
+}

@@ -21,10 +21,9 @@ fn fill(path: &Path, seed: u64) -> (Vec<u8>, i32) {
     for i in 0..200 {
         let chunk = random_bytes(1 << 20, seed + i);
         match f.write(&chunk) {
-            Ok(n) => {
-                assert_eq!(n, chunk.len(), "short write");
-                acknowledged.extend_from_slice(&chunk);
-            }
+            // A write the kernel sent in two requests, the second refused, is short (as on a
+            // local file system that fills mid-write); the next write gets the error.
+            Ok(n) => acknowledged.extend_from_slice(&chunk[..n]),
             Err(e) => return (acknowledged, errno(&e)),
         }
     }
