@@ -34,6 +34,7 @@ use crate::format::{newest_first, Descriptor, Header, Layout};
 use parking_lot::{Condvar, Mutex, MutexGuard, RwLock, RwLockReadGuard};
 use std::collections::HashSet;
 use std::fs::File;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use tracing::{error, warn};
 
@@ -64,6 +65,9 @@ pub struct Container {
     /// Signalled whenever a record lands (or is dropped from flight).
     landed: Condvar,
     landing: LandingQueue<Landing>,
+    /// Bytes of copies landed since the lower file system was last asked to start writing
+    /// them (`EARLY_WRITEBACK_BYTES`).
+    landed_unwritten: AtomicU64,
 }
 
 struct State {
@@ -84,6 +88,13 @@ struct State {
     /// re-encoded once quiet (`Container::settle_interim`).
     interim: sync::Interim,
 }
+
+/// Once this many bytes of copies have landed in a file, the lower file system is asked to
+/// start writing them to its disk. Otherwise a large file's copies wait in the lower's page cache
+/// for its dirty thresholds (gigabytes on a large machine) or the writer's fsync, and the disk
+/// idles while the copy is compressed, then the CPUs idle while the disk writes (measured: 1 GiB
+/// FASTQ `cp` + sync 1.70-1.74 s without, 1.47-1.56 s with; 3 GB 4.9-5.0 s and 4.4-4.6 s).
+const EARLY_WRITEBACK_BYTES: u64 = 16 << 20;
 
 /// Records the lower file system is asked to fetch ahead of a sequential reader (8 MiB of data
 /// at 128K records); asked again when half of them have been read.
@@ -264,6 +275,7 @@ impl Container {
             }),
             landed: Condvar::new(),
             landing: LandingQueue::default(),
+            landed_unwritten: AtomicU64::new(0),
         }
     }
 
@@ -699,19 +711,33 @@ impl Container {
 
     /// On a landing thread: writes the encoded record into a slot, then its descriptor.
     fn land(&self, record: u64, seq: u64, result: Result<Output, EngineError>) {
+        let stored = self.write_landing(record, seq, result);
+        if self.landed_unwritten.fetch_add(stored, Ordering::Relaxed) + stored >= EARLY_WRITEBACK_BYTES {
+            self.landed_unwritten.store(0, Ordering::Relaxed);
+            // A hint: an error here is the lower's to report at its next write or fsync.
+            let _ = lower::start_writeback(self.store.lower());
+        }
+    }
+
+    /// `land` under the locks: the bytes of the copy it wrote to the lower file.
+    fn write_landing(&self, record: u64, seq: u64, result: Result<Output, EngineError>) -> u64 {
         let _io = self.slot_io.write();
         let mut st = self.state.lock();
         let st = &mut *st;
         let Some(flight) = st.buffers.in_flight(record).filter(|f| f.seq == seq) else {
             // Truncated away (or superseded) while in the engine.
-            return;
+            return 0;
         };
         let (only_if_smaller, changed) = (flight.only_if_smaller, flight.changed);
         // A new file's first landing writes its block 0 once (header, descriptor, an inline
         // record; the size too if this landing completes the file).
         let gathering = self.store.gather_block_0(&mut st.store);
+        let mut stored = 0;
         let outcome = match result {
-            Ok(Output::Compressed(encoded)) => self.store.write_copy(&mut st.store, record, &encoded, only_if_smaller, changed),
+            Ok(Output::Compressed(encoded)) => {
+                stored = encoded.bytes.len() as u64;
+                self.store.write_copy(&mut st.store, record, &encoded, only_if_smaller, changed)
+            }
             Ok(Output::Decompressed(_)) => panic!("BUG: compress job returned a decompressed record"),
             Err(e) => Err(FsError::new(libc::EIO, format!("compressing record {record}: {e}"))),
         };
@@ -725,6 +751,7 @@ impl Container {
         });
         if let Err(e) = outcome {
             error!(file = %self.store.label(), record, "cannot write record: {e}");
+            stored = 0;
             st.store.forget_raw_copies(record);
             // Keep the data: a later flush retries once the cause (say, a full disk) is gone.
             if !st.buffers.is_dirty(record) {
@@ -735,6 +762,7 @@ impl Container {
             st.buffers.remember_clean(record, &flight.data);
         }
         self.landed.notify_all();
+        stored
     }
 }
 

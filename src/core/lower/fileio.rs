@@ -17,6 +17,13 @@ pub fn will_need(file: impl AsFd, offset: u64, len: u64) -> io::Result<()> {
     }
 }
 
+/// Asks the lower file system to start writing the file's dirty pages to its disk; it returns
+/// without waiting for them (`sync_file_range(SYNC_FILE_RANGE_WRITE)`, no durability implied).
+pub fn start_writeback(file: impl AsFd) -> io::Result<()> {
+    // SAFETY: sync_file_range only reads its integer arguments; the fd is open for the call.
+    check(unsafe { libc::sync_file_range(file.as_fd().as_raw_fd(), 0, 0, libc::SYNC_FILE_RANGE_WRITE) }).map(|_| ())
+}
+
 /// Reads until `buf` is full or the file ends: the bytes read.
 pub fn pread_full(file: &File, buf: &mut [u8], offset: u64) -> io::Result<usize> {
     let mut done = 0;
