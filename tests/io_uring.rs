@@ -64,16 +64,24 @@ fn unpin() {
     }
 }
 
+/// The daemon's threads: each one's name and its `/proc/.../status` field `field`, trimmed.
+fn thread_field(pid: u32, field: &str) -> Vec<(String, String)> {
+    let mut threads = Vec::new();
+    for task in fs::read_dir(format!("/proc/{pid}/task")).unwrap().flatten() {
+        let name = fs::read_to_string(task.path().join("comm")).unwrap_or_default().trim().to_string();
+        let status = fs::read_to_string(task.path().join("status")).unwrap_or_default();
+        let value = status.lines().find_map(|l| l.strip_prefix(field)?.strip_prefix(':')).unwrap_or_default().trim().to_string();
+        threads.push((name, value));
+    }
+    threads
+}
+
 /// Voluntary context switches of the daemon's threads, by thread name: a thread that answered
 /// requests slept waiting for each.
 fn switches_by_thread(pid: u32) -> BTreeMap<String, u64> {
     let mut by_name = BTreeMap::new();
-    for task in fs::read_dir(format!("/proc/{pid}/task")).unwrap().flatten() {
-        let name = fs::read_to_string(task.path().join("comm")).unwrap_or_default().trim().to_string();
-        let status = fs::read_to_string(task.path().join("status")).unwrap_or_default();
-        let switches: u64 =
-            status.lines().find_map(|l| l.strip_prefix("voluntary_ctxt_switches:")).map_or(0, |v| v.trim().parse().unwrap());
-        *by_name.entry(name).or_default() += switches;
+    for (name, switches) in thread_field(pid, "voluntary_ctxt_switches") {
+        *by_name.entry(name).or_default() += if switches.is_empty() { 0 } else { switches.parse::<u64>().unwrap() };
     }
     by_name
 }
@@ -207,17 +215,7 @@ fn every_cpus_queue_serves_every_kind_of_request_through_the_rings() {
 
 /// Each ring thread's `Cpus_allowed_list` ("1", "0-1"), by thread name.
 fn ring_affinities(pid: u32) -> BTreeMap<String, String> {
-    let mut by_name = BTreeMap::new();
-    for task in fs::read_dir(format!("/proc/{pid}/task")).unwrap().flatten() {
-        let name = fs::read_to_string(task.path().join("comm")).unwrap_or_default().trim().to_string();
-        if !name.starts_with("fuser-ring-") {
-            continue;
-        }
-        let status = fs::read_to_string(task.path().join("status")).unwrap_or_default();
-        let allowed = status.lines().find_map(|l| l.strip_prefix("Cpus_allowed_list:")).unwrap_or_default().trim().to_string();
-        by_name.insert(name, allowed);
-    }
-    by_name
+    thread_field(pid, "Cpus_allowed_list").into_iter().filter(|(name, _)| name.starts_with("fuser-ring-")).collect()
 }
 
 /// The queue a ring thread serves, from its name (`fuser-ring-CPU.N`).

@@ -112,7 +112,7 @@ fn accounting_matches_the_lower_files_and_survives_a_crash() {
     drop(sparse);
     // Let the lower file system allocate what it delayed (its extent blocks count in st_blocks).
     Command::new("sync").status().unwrap();
-    let lower_blocks =
+    let lower_blocks_now =
         || -> u64 { ["text", "noise", "sparse"].iter().map(|f| fs::metadata(d.lower.join("data").join(f)).unwrap().blocks() * 512).sum() };
     let dir = m.path("data");
     // A process forked while a file was being written (another test's `Command`) closes its copy
@@ -122,7 +122,7 @@ fn accounting_matches_the_lower_files_and_survives_a_crash() {
     let mut used_now = 0;
     wait_until("used to equal the lower files' blocks", || {
         used_now = value("used", &dir).parse::<u64>().unwrap();
-        used_now == lower_blocks()
+        used_now == lower_blocks_now()
     });
     let lower_blocks = used_now;
     assert_eq!(value("logicalused", &dir).parse::<u64>().unwrap(), (2 << 20) + (256 << 10), "holes are not data");

@@ -478,13 +478,14 @@ impl<FS: Filesystem> UringQueues<FS> {
                     match RequestWithSender::new_uring(event_loop.ch.sender(), sender.clone(), message)
                     {
                         Some(req) => {
-                            match req.request.operation() {
+                            let operation = req.request.operation();
+                            match &operation {
                                 Ok(ll::Operation::Read(read)) if read.size() >= WIDE_READ_BYTES => {
                                     affinity.widen()
                                 }
                                 _ => affinity.narrow(),
                             }
-                            if let Ok(ll::Operation::Destroy(_)) = req.request.operation() {
+                            if let Ok(ll::Operation::Destroy(_)) = operation {
                                 req.reply::<crate::ReplyEmpty>().ok();
                             } else if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                                 req.dispatch(&event_loop)
