@@ -311,6 +311,53 @@ fn a_tree_untarred_through_the_rings_equals_the_same_through_dev_fuse() {
     assert_eq!(listings[0], listings[1], "the same names, types, modes, sizes and mtimes");
 }
 
+/// Over io_uring, /dev/fuse brings only what the rings do not (FORGETs, INTERRUPTs), to one
+/// reader. `rm` makes a FORGET from inside each unlink; a reader woken by every one would cost
+/// each unlink a wake-up of another core, so while they come the reader keeps looking for them
+/// without waiting in the kernel, and takes them a batch at a time. Every deleted file is still
+/// let go (its lower descriptor closed, so its space freed) within a moment.
+#[test]
+fn the_forgets_of_many_deletions_come_to_one_reader_in_batches_and_every_file_is_let_go() {
+    let _serial = serial();
+    if !offer_io_uring() {
+        return;
+    }
+    let d = Dirs::new();
+    let m = Mount::new(&d.lower, &d.mnt, "io_uring=on");
+    let pid = m.child.as_ref().unwrap().id();
+    let is_reader = |name: &String| name.starts_with("fuser-") && !name.starts_with("fuser-ring-");
+    let readers: Vec<String> = switches_by_thread(pid).into_keys().filter(is_reader).collect();
+    assert_eq!(readers, ["fuser-0"], "one /dev/fuse reader beside the rings");
+    const FILES: usize = 3000;
+    let dir = m.path("many");
+    fs::create_dir(&dir).unwrap();
+    for i in 0..FILES {
+        fs::write(dir.join(format!("f{i}")), format!("file {i}\n")).unwrap();
+    }
+    let (known, _) = census(&m.mnt);
+    assert!(known as usize > FILES, "the daemon holds the files it created ({known} inodes)");
+    let before = switches_by_thread(pid)["fuser-0"];
+    let started = std::time::Instant::now();
+    for i in 0..FILES {
+        fs::remove_file(dir.join(format!("f{i}"))).unwrap();
+    }
+    let took_ms = started.elapsed().as_millis() as u64;
+    wait_until("every deleted file to be let go", || census(&m.mnt).0 <= known - FILES as u64);
+    let woke = switches_by_thread(pid)["fuser-0"] - before;
+    eprintln!("{FILES} deletions in {took_ms} ms; the /dev/fuse reader woke {woke} times");
+    // While FORGETs come less than 200 µs apart the reader keeps looking for the next and
+    // hardly ever sleeps; woken by each one, it would sleep and wake about once per file. A
+    // machine so loaded that the deletions came further apart than that cannot tell the two.
+    let per_deletion_us = took_ms * 1000 / FILES as u64;
+    if per_deletion_us <= 100 {
+        assert!(woke < FILES as u64 / 10, "the reader woke {woke} times for {FILES} deletions: once per FORGET, not once per burst");
+    } else {
+        eprintln!("deletions {per_deletion_us} µs apart (a loaded machine): the reader's wake-ups not judged");
+    }
+    assert!(fs::read_dir(&dir).unwrap().next().is_none(), "the directory is empty");
+    m.unmount();
+}
+
 /// Puts kernel.io_uring_disabled back as it was.
 struct RestoreSysctl(String);
 

@@ -9,7 +9,7 @@
 
 mod common;
 
-use common::{compressible, wait_until, Dirs, Mount};
+use common::{census, compressible, wait_until, Dirs, Mount};
 use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::CString;
 use std::fs::{self, OpenOptions};
@@ -20,17 +20,6 @@ use std::path::Path;
 
 fn is_root() -> bool {
     unsafe { libc::geteuid() == 0 }
-}
-
-/// The daemon's inode table: (inodes known, descriptors open), from `user.densefs.engine`.
-fn census(mnt: &Path) -> (u64, u64) {
-    let path = CString::new(mnt.as_os_str().as_bytes()).unwrap();
-    let name = c"user.densefs.engine";
-    let mut buf = vec![0u8; 1 << 16];
-    let n = unsafe { libc::getxattr(path.as_ptr(), name.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
-    assert!(n > 0, "getxattr user.densefs.engine: {}", std::io::Error::last_os_error());
-    let v: serde_json::Value = serde_json::from_slice(&buf[..n as usize]).unwrap();
-    (v["inodes"]["known"].as_u64().expect("inodes.known"), v["inodes"]["descriptors"].as_u64().expect("inodes.descriptors"))
 }
 
 /// The kernel's dentry and inode caches belong to the whole machine: a test here that drops them

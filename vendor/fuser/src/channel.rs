@@ -47,6 +47,29 @@ impl Channel {
         }
     }
 
+    /// Makes `receive` return EAGAIN instead of waiting when no request is queued (or wait
+    /// again). Sets O_NONBLOCK on this channel's open file, so it is shared by its clones
+    /// made with `clone()` (not by `clone_fd()`'s).
+    pub(crate) fn set_nonblocking(&self, nonblocking: bool) -> nix::Result<()> {
+        use nix::fcntl::{FcntlArg, OFlag, fcntl};
+        let flags = OFlag::from_bits_truncate(fcntl(&self.0, FcntlArg::F_GETFL)?);
+        let flags = if nonblocking { flags | OFlag::O_NONBLOCK } else { flags - OFlag::O_NONBLOCK };
+        fcntl(&self.0, FcntlArg::F_SETFL(flags)).map(drop)
+    }
+
+    /// Receives one request without waiting: Ok(None) when none is queued. Retries what
+    /// `receive_retrying` retries, except EAGAIN. Needs `set_nonblocking(true)`.
+    pub(crate) fn try_receive(&self, buffer: &mut [u8]) -> nix::Result<Option<usize>> {
+        loop {
+            match self.receive(buffer) {
+                Ok(size) => return Ok(Some(size)),
+                Err(Errno::EAGAIN) => return Ok(None),
+                Err(Errno::ENOENT | Errno::EINTR) => continue,
+                Err(err) => return Err(err),
+            }
+        }
+    }
+
     /// Returns a sender object for this channel. The sender object can be
     /// used to send to the channel. Multiple sender objects can be used
     /// and they can safely be sent to other threads.

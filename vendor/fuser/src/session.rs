@@ -274,9 +274,14 @@ impl<FS: Filesystem> Session<FS> {
 
         let mut filesystem = Arc::new(filesystem);
 
-        let mut channels = Vec::with_capacity(n_threads);
+        // Over io_uring, /dev/fuse carries only what the rings do not (FORGETs, INTERRUPTs):
+        // one reader, which lingers after a FORGET (see `SessionEventLoop::linger_after_forget`).
+        let over_uring = uring_payload_size.is_some();
+        let n_readers_minus_one = if over_uring { 0 } else { n_threads_minus_one };
 
-        for _ in 0..n_threads_minus_one {
+        let mut channels = Vec::with_capacity(n_readers_minus_one + 1);
+
+        for _ in 0..n_readers_minus_one {
             if config.clone_fd {
                 #[cfg(target_os = "linux")]
                 {
@@ -315,6 +320,7 @@ impl<FS: Filesystem> Session<FS> {
                 ch,
                 allowed,
                 session_owner,
+                linger_after_forget: over_uring,
             };
             threads.push(
                 thread::Builder::new()
@@ -556,6 +562,51 @@ pub(crate) struct SessionEventLoop<FS: Filesystem> {
     pub(crate) filesystem: Arc<FilesystemHolder<FS>>,
     pub(crate) allowed: SessionACL,
     pub(crate) session_owner: Uid,
+    /// After a FORGET, look for the next one without waiting in the kernel, for a while that
+    /// adapts to how close together they come (`ForgetPoll`). `rm -rf` makes a FORGET from
+    /// inside each unlink. A reader asleep in read(2) on the other core is woken by each one, an
+    /// IPI the unlinking program pays (on a VM, more than the UNLINK's own round trip); a
+    /// reader that merely slept between looks would leave that core idle, and the scheduler
+    /// would move the program there at the answer to its next request (an IPI per request).
+    /// Looking without pause keeps the other core busy while FORGETs come: the program keeps
+    /// its core and that core's ring threads, and the FORGETs are taken beside it, a batch at a
+    /// time. The reader yields between looks, so any other work on its core goes first. Only
+    /// where the rings carry every other request, so nothing else waits for it (any other
+    /// request that comes here ends the looking).
+    pub(crate) linger_after_forget: bool,
+}
+
+/// How long the /dev/fuse reader keeps looking for the next FORGET after one (see
+/// `SessionEventLoop::linger_after_forget`). Like the kernel's halt polling, the window grows
+/// while a FORGET that had to be waited for came within `MAX` of the reader's wait, and
+/// shrinks (to nothing) while they come further apart: a burst (`rm` sends one every 20-40 µs)
+/// keeps the reader looking, and a steady trickle costs no spinning.
+#[derive(Debug, Default)]
+struct ForgetPoll {
+    window: std::time::Duration,
+    /// While looking: until when.
+    until: Option<std::time::Instant>,
+}
+
+impl ForgetPoll {
+    const MIN: std::time::Duration = std::time::Duration::from_micros(25);
+    const MAX: std::time::Duration = std::time::Duration::from_micros(200);
+
+    /// A FORGET came, after the reader waited `waited` in the kernel for it (None: it was
+    /// looking). Returns whether the reader looks for the next one.
+    fn forget(&mut self, waited: Option<std::time::Duration>) -> bool {
+        if let Some(waited) = waited {
+            self.window = if waited <= Self::MAX {
+                (self.window * 2).clamp(Self::MIN, Self::MAX)
+            } else if self.window / 2 >= Self::MIN {
+                self.window / 2
+            } else {
+                std::time::Duration::ZERO
+            };
+        }
+        self.until = (!self.window.is_zero()).then(|| std::time::Instant::now() + self.window);
+        self.until.is_some()
+    }
 }
 
 impl<FS: Filesystem> SessionEventLoop<FS> {
@@ -564,18 +615,53 @@ impl<FS: Filesystem> SessionEventLoop<FS> {
         // it is reused immediately after dispatching to conserve memory and allocations.
         let mut buf = FuseReadBuf::new();
         let buf = buf.as_mut();
+        let mut poll = ForgetPoll::default();
         loop {
             // Read the next request from the given channel to kernel driver
             // The kernel driver makes sure that we get exactly one request per read
-            match self.ch.receive_retrying(buf) {
+            let (received, waited) = match poll.until {
+                None => {
+                    let start = std::time::Instant::now();
+                    (self.ch.receive_retrying(buf), Some(start.elapsed()))
+                }
+                Some(until) => match self.ch.try_receive(buf) {
+                    Ok(Some(size)) => (Ok(size), None),
+                    Ok(None) if std::time::Instant::now() < until => {
+                        thread::yield_now(); // any other work on this CPU goes first
+                        continue;
+                    }
+                    Ok(None) => {
+                        self.ch.set_nonblocking(false)?;
+                        poll.until = None;
+                        continue;
+                    }
+                    Err(err) => (Err(err), None),
+                },
+            };
+            match received {
                 Ok(size) => match RequestWithSender::new(self.ch.sender(), &buf[..size]) {
                     // Dispatch request
                     Some(req) => {
-                        if let Ok(Operation::Destroy(_)) = req.request.operation() {
+                        let operation = req.request.operation();
+                        if let Ok(Operation::Destroy(_)) = operation {
                             req.reply::<ReplyEmpty>().ok();
                             return Ok(());
-                        } else {
-                            req.dispatch(self)
+                        }
+                        let forget = matches!(operation, Ok(Operation::Forget(_) | Operation::BatchForget(_)));
+                        let interrupt = matches!(operation, Ok(Operation::Interrupt(_)));
+                        req.dispatch(self);
+                        if forget && self.linger_after_forget {
+                            // The window starts once this one is handled (closing its files).
+                            let was_looking = poll.until.is_some();
+                            let looking = poll.forget(waited);
+                            if looking != was_looking {
+                                self.ch.set_nonblocking(looking)?;
+                            }
+                        } else if !forget && !interrupt && poll.until.is_some() {
+                            // The rings are not (yet, or any more) serving: this request and
+                            // those after it must not wait for a look.
+                            self.ch.set_nonblocking(false)?;
+                            poll.until = None;
                         }
                     }
                     // Quit loop on illegal request
