@@ -320,7 +320,9 @@ impl<FS: Filesystem> Session<FS> {
                 ch,
                 allowed,
                 session_owner,
-                linger_after_forget: over_uring,
+                // One core: nothing to keep busy, and looking would take its time from the
+                // program and the rings.
+                linger_after_forget: over_uring && thread::available_parallelism().is_ok_and(|n| n.get() > 1),
             };
             threads.push(
                 thread::Builder::new()
@@ -572,7 +574,7 @@ pub(crate) struct SessionEventLoop<FS: Filesystem> {
     /// its core and that core's ring threads, and the FORGETs are taken beside it, a batch at a
     /// time. The reader yields between looks, so any other work on its core goes first. Only
     /// where the rings carry every other request, so nothing else waits for it (any other
-    /// request that comes here ends the looking).
+    /// request that comes here ends the looking), and where there is another core.
     pub(crate) linger_after_forget: bool,
 }
 
