@@ -609,6 +609,12 @@ impl ForgetPoll {
         self.until = (!self.window.is_zero()).then(|| std::time::Instant::now() + self.window);
         self.until.is_some()
     }
+
+    /// The reader waits in the kernel again.
+    fn stop(&mut self, ch: &Channel) -> nix::Result<()> {
+        self.until = None;
+        ch.set_nonblocking(false)
+    }
 }
 
 impl<FS: Filesystem> SessionEventLoop<FS> {
@@ -623,8 +629,9 @@ impl<FS: Filesystem> SessionEventLoop<FS> {
             // The kernel driver makes sure that we get exactly one request per read
             let (received, waited) = match poll.until {
                 None => {
-                    let start = std::time::Instant::now();
-                    (self.ch.receive_retrying(buf), Some(start.elapsed()))
+                    // Timed only where the wait steers the looking.
+                    let start = self.linger_after_forget.then(std::time::Instant::now);
+                    (self.ch.receive_retrying(buf), start.map(|s| s.elapsed()))
                 }
                 Some(until) => match self.ch.try_receive(buf) {
                     Ok(Some(size)) => (Ok(size), None),
@@ -633,8 +640,7 @@ impl<FS: Filesystem> SessionEventLoop<FS> {
                         continue;
                     }
                     Ok(None) => {
-                        self.ch.set_nonblocking(false)?;
-                        poll.until = None;
+                        poll.stop(&self.ch)?;
                         continue;
                     }
                     Err(err) => (Err(err), None),
@@ -662,8 +668,7 @@ impl<FS: Filesystem> SessionEventLoop<FS> {
                         } else if !forget && !interrupt && poll.until.is_some() {
                             // The rings are not (yet, or any more) serving: this request and
                             // those after it must not wait for a look.
-                            self.ch.set_nonblocking(false)?;
-                            poll.until = None;
+                            poll.stop(&self.ch)?;
                         }
                     }
                     // Quit loop on illegal request
