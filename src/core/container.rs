@@ -27,7 +27,7 @@ use super::memory::Memory;
 use super::store::{mtime_of, Store, StoreState};
 use crate::checksum::ChecksumKind;
 use crate::codec::Setting;
-use crate::engine::{CompressRequest, DecompressRequest, Engine, EngineError, Job, Output, RecordPolicy, Work};
+use crate::engine::{CompressRequest, DecompressRequest, Encoded, Engine, EngineError, Job, RecordPolicy};
 use crate::format::durability::Epochs;
 use crate::format::layout::round_up_block;
 use crate::format::{newest_first, Descriptor, Header, Layout};
@@ -54,7 +54,7 @@ pub struct CreateSettings {
 }
 
 /// A compressed record (or the engine's failure) waiting to land.
-type Landing = (u64, u64, Result<Output, EngineError>);
+type Landing = (u64, u64, Result<Encoded, EngineError>);
 
 pub struct Container {
     store: Store,
@@ -682,7 +682,7 @@ impl Container {
     fn job(self: &Arc<Self>, sent: Sent) -> Job {
         let me = Arc::clone(self);
         let Sent { record, seq, request } = sent;
-        Job { work: Work::Compress(request), done: Box::new(move |result| me.queue_landing(record, seq, result)) }
+        Job { request, done: Box::new(move |result| me.queue_landing(record, seq, result)) }
     }
 
     /// Compresses and lands a single record on the calling thread (a small file at close: two
@@ -690,7 +690,7 @@ impl Container {
     fn write_out(self: &Arc<Self>, sent: Vec<Sent>) {
         if let [one] = sent.as_slice() {
             if let Some(encoded) = self.engine.compress_here(&one.request) {
-                self.land(one.record, one.seq, Ok(Output::Compressed(encoded)));
+                self.land(one.record, one.seq, Ok(encoded));
                 return;
             }
         }
@@ -698,7 +698,7 @@ impl Container {
     }
 
     /// Engine completion, on a compression worker: only queues the record for landing.
-    fn queue_landing(self: &Arc<Self>, record: u64, seq: u64, result: Result<Output, EngineError>) {
+    fn queue_landing(self: &Arc<Self>, record: u64, seq: u64, result: Result<Encoded, EngineError>) {
         if self.landing.push((record, seq, result)) {
             let me = Arc::clone(self);
             landing::spawn(Box::new(move || {
@@ -710,7 +710,7 @@ impl Container {
     }
 
     /// On a landing thread: writes the encoded record into a slot, then its descriptor.
-    fn land(&self, record: u64, seq: u64, result: Result<Output, EngineError>) {
+    fn land(&self, record: u64, seq: u64, result: Result<Encoded, EngineError>) {
         let stored = self.write_landing(record, seq, result);
         if self.landed_unwritten.fetch_add(stored, Ordering::Relaxed) + stored >= EARLY_WRITEBACK_BYTES {
             self.landed_unwritten.store(0, Ordering::Relaxed);
@@ -720,7 +720,7 @@ impl Container {
     }
 
     /// `land` under the locks: the bytes of the copy it wrote to the lower file.
-    fn write_landing(&self, record: u64, seq: u64, result: Result<Output, EngineError>) -> u64 {
+    fn write_landing(&self, record: u64, seq: u64, result: Result<Encoded, EngineError>) -> u64 {
         let _io = self.slot_io.write();
         let mut st = self.state.lock();
         let st = &mut *st;
@@ -734,11 +734,10 @@ impl Container {
         let gathering = self.store.gather_block_0(&mut st.store);
         let mut stored = 0;
         let outcome = match result {
-            Ok(Output::Compressed(encoded)) => {
+            Ok(encoded) => {
                 stored = encoded.bytes.len() as u64;
                 self.store.write_copy(&mut st.store, record, &encoded, only_if_smaller, changed)
             }
-            Ok(Output::Decompressed(_)) => panic!("BUG: compress job returned a decompressed record"),
             Err(e) => Err(FsError::new(libc::EIO, format!("compressing record {record}: {e}"))),
         };
         let flight = st.buffers.take_inflight(record).expect("BUG: in-flight record vanished under the lock");

@@ -4,7 +4,7 @@
 
 use super::device::{run_all, Device, DeviceOp};
 use super::stats::process_cpu_seconds;
-use super::{policy, CompressRequest, DecompressRequest, Encoded, Engine, EngineConfig, Job, MinSavings, Offload, Output, Work};
+use super::{policy, CompressRequest, DecompressRequest, Encoded, Engine, EngineConfig, Job, MinSavings, Offload};
 use crate::checksum::ChecksumKind;
 use crate::codec::{Codec, Compression};
 use serde_json::{json, Value};
@@ -107,13 +107,13 @@ fn compress_all(engine: &Engine, records: &[Arc<Vec<u8>>], compression: Compress
     let mut jobs = records.iter().enumerate().map(|(i, data)| {
         let tx = tx.clone();
         Job {
-            work: Work::Compress(CompressRequest {
+            request: CompressRequest {
                 data: data.clone(),
                 compression: compression.into(),
                 min_savings: MinSavings::ZFS,
                 checksum: ChecksumKind::Crc32c,
                 offload,
-            }),
+            },
             done: Box::new(move |r| {
                 let _ = tx.send((i, r));
             }),
@@ -127,8 +127,8 @@ fn compress_all(engine: &Engine, records: &[Arc<Vec<u8>>], compression: Compress
             engine.submit(vec![next]);
         }
         match r {
-            Ok(Output::Compressed(e)) => out[i] = Some(e),
-            other => panic!("BUG: compress job answered {:?}", other.err()),
+            Ok(e) => out[i] = Some(e),
+            Err(e) => panic!("BUG: compress job answered {e}"),
         }
     }
     out.into_iter().map(|e| e.expect("BUG: every record answered")).collect()

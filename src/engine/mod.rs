@@ -1,8 +1,9 @@
 //! The compression service engine (QZFS's name): the one door through which records reach the
 //! codecs, on the CPU or on an accelerator.
 //!
-//! The file system hands it batches of [`Job`]s and does not wait record by record: each job
-//! carries its own completion callback, run by whichever backend finished it, in any order.
+//! The file system hands it batches of [`Job`]s to compress and does not wait record by record:
+//! each job carries its own completion callback, run by whichever backend finished it, in any
+//! order. A read's records decode on the reading thread, helped by idle CPU workers (`shared.rs`).
 //! - [`policy`]: pure functions deciding what a record becomes (hole, compressed, raw), the
 //!   pre-check for incompressible data and the `compression=auto` selector;
 //! - [`cpu`]: the worker pool; [`device`]: the interface an accelerator implements;
@@ -22,6 +23,7 @@ pub mod faulty;
 pub mod gpu;
 mod offload;
 pub mod policy;
+mod shared;
 pub mod stats;
 
 use crate::checksum::ChecksumKind;
@@ -34,6 +36,7 @@ use std::time::{Duration, Instant};
 pub use cpu::CpuPool;
 pub use device::Device;
 pub use policy::MinSavings;
+use shared::{Decoders, SharedBatch};
 use stats::Stats;
 
 /// How one file's records are written besides their codec (from its directory's properties).
@@ -207,16 +210,6 @@ pub struct DecompressRequest {
     pub checksum: u64,
 }
 
-pub enum Work {
-    Compress(CompressRequest),
-    Decompress(DecompressRequest),
-}
-
-pub enum Output {
-    Compressed(Encoded),
-    Decompressed(Vec<u8>),
-}
-
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum EngineError {
     /// Stored bytes do not match their checksum: they were never handed to a decoder.
@@ -249,10 +242,14 @@ impl std::fmt::Display for EngineError {
 
 impl std::error::Error for EngineError {}
 
-pub type Done = Box<dyn FnOnce(Result<Output, EngineError>) + Send>;
+pub type Done = Box<dyn FnOnce(Result<Encoded, EngineError>) + Send>;
 
+type DecodeFn = fn(&Inner, &DecompressRequest) -> Result<Vec<u8>, EngineError>;
+
+/// A record to compress and what to do with the result. (Reads decode on the calling thread:
+/// `decompress_all`.)
 pub struct Job {
-    pub work: Work,
+    pub request: CompressRequest,
     pub done: Done,
 }
 
@@ -267,6 +264,7 @@ struct Inner {
     cpu: CpuPool,
     devices: Vec<offload::Offloader>,
     stats: Stats,
+    decoders: Decoders,
 }
 
 impl Engine {
@@ -279,6 +277,7 @@ impl Engine {
         let names: Vec<&'static str> = std::iter::once("cpu").chain(devices.iter().map(|d| d.name())).collect();
         let inner = Arc::new(Inner {
             cpu: CpuPool::new(config.cpu_threads),
+            decoders: Decoders::default(),
             devices: devices.into_iter().enumerate().map(|(i, d)| offload::Offloader::new(d, i + 1, config.backoff.0)).collect(),
             stats: Stats::new(&names),
             config,
@@ -332,39 +331,13 @@ impl Engine {
         self.inner.decode(req)
     }
 
-    /// Decodes a batch in parallel and waits for all of it (results in request order).
+    /// Decodes a batch on the calling thread, helped by idle CPU workers, and waits for all of
+    /// it (results in request order); see shared.rs.
     pub fn decompress_all(&self, requests: Vec<DecompressRequest>) -> Vec<Result<Vec<u8>, EngineError>> {
-        let n = requests.len();
-        if n == 1 {
+        if requests.len() == 1 {
             return vec![self.decode(&requests[0])];
         }
-        let (tx, rx) = crossbeam_channel::bounded(n);
-        let jobs = requests
-            .into_iter()
-            .enumerate()
-            .map(|(i, req)| {
-                let tx = tx.clone();
-                Job {
-                    work: Work::Decompress(req),
-                    done: Box::new(move |result| {
-                        let result = result.map(|out| match out {
-                            Output::Decompressed(bytes) => bytes,
-                            Output::Compressed(_) => panic!("BUG: decompress job returned a compressed record"),
-                        });
-                        let _ = tx.send((i, result));
-                    }),
-                }
-            })
-            .collect();
-        self.submit(jobs);
-        let mut results: Vec<Option<Result<Vec<u8>, EngineError>>> = (0..n).map(|_| None).collect();
-        for _ in 0..n {
-            match rx.recv() {
-                Ok((i, result)) => results[i] = Some(result),
-                Err(_) => break,
-            }
-        }
-        results.into_iter().map(|r| r.unwrap_or(Err(EngineError::Stopped))).collect()
+        self.inner.decode_shared(requests, Inner::decode)
     }
 
     /// Counters and device states as JSON (see stats.rs).
@@ -395,20 +368,18 @@ impl Inner {
         let mut batches: Vec<Vec<offload::Offered>> = self.devices.iter().map(|_| Vec::new()).collect();
         let mut planned = vec![0usize; self.devices.len()];
         for job in jobs {
-            match job.work {
-                Work::Decompress(req) => self.cpu_decompress(req, job.done),
-                Work::Compress(req) => match self.route(&req, &planned) {
-                    offload::Route::Cpu(why) => {
-                        if let Some(why) = why {
-                            self.stats.fallback(why);
-                        }
-                        self.cpu_compress(req, job.done);
+            let req = job.request;
+            match self.route(&req, &planned) {
+                offload::Route::Cpu(why) => {
+                    if let Some(why) = why {
+                        self.stats.fallback(why);
                     }
-                    offload::Route::Device(d, compression) => {
-                        planned[d] += req.data.len();
-                        batches[d].push(offload::Offered { req, compression, done: job.done })
-                    }
-                },
+                    self.cpu_compress(req, job.done);
+                }
+                offload::Route::Device(d, compression) => {
+                    planned[d] += req.data.len();
+                    batches[d].push(offload::Offered { req, compression, done: job.done })
+                }
             }
         }
         for (d, batch) in batches.into_iter().enumerate() {
@@ -423,7 +394,7 @@ impl Inner {
         let me = Arc::clone(self);
         let task = Box::new(move || {
             let result = me.compress_here(&req);
-            done(Ok(Output::Compressed(result)))
+            done(Ok(result))
         });
         // Only fails once the engine is being dropped, when no file has work left in it.
         let _ = self.cpu.spawn(task);
@@ -452,10 +423,22 @@ impl Inner {
         encoded
     }
 
-    fn cpu_decompress(self: &Arc<Self>, req: DecompressRequest, done: Done) {
-        let me = Arc::clone(self);
-        let task = Box::new(move || done(me.decode(&req).map(Output::Decompressed)));
-        let _ = self.cpu.spawn(task);
+    /// `decode` is `Inner::decode` (tests watch which threads run it).
+    fn decode_shared(self: &Arc<Self>, requests: Vec<DecompressRequest>, decode: DecodeFn) -> Vec<Result<Vec<u8>, EngineError>> {
+        let batch = Arc::new(SharedBatch::new(requests));
+        for _ in 0..self.decoders.join(batch.len(), self.cpu.threads()) {
+            let (me, batch) = (Arc::clone(self), Arc::clone(&batch));
+            let help = Box::new(move || {
+                batch.work(|req| decode(&me, req));
+                me.decoders.leave();
+            });
+            if self.cpu.spawn(help).is_err() {
+                self.decoders.leave(); // the engine is stopping: the caller decodes alone
+            }
+        }
+        batch.work(|req| decode(self, req));
+        self.decoders.leave();
+        batch.wait()
     }
 
     fn decode(&self, req: &DecompressRequest) -> Result<Vec<u8>, EngineError> {

@@ -14,7 +14,7 @@
 use super::device::{Device, DeviceError, DeviceJob, DeviceOp};
 use super::policy::{self, AutoTarget};
 use super::stats::{Fallback, Outcome};
-use super::{CompressRequest, Done, Encoded, Inner, Offload, Output};
+use super::{CompressRequest, Done, Encoded, Inner, Offload};
 use crate::codec::{Codec, Compression, Setting};
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -285,7 +285,7 @@ impl Inner {
         if let Health::Up { backoff } = &mut *self.devices[d].health.lock() {
             *backoff = self.devices[d].first_backoff; // it works again: forget earlier failures
         }
-        done(Ok(Output::Compressed(encoded)));
+        done(Ok(encoded));
     }
 
     /// Device `d` failed on `pending`: redo it on the CPU, mark the device down, and redo

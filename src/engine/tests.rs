@@ -82,9 +82,9 @@ fn compress_spaced_and_check(
         .map(|(i, data)| {
             let (answers, count) = (answers.clone(), count.clone());
             Job {
-                work: Work::Compress(request(data.clone(), compression, offload)),
+                request: request(data.clone(), compression, offload),
                 done: Box::new(move |r| {
-                    let Ok(Output::Compressed(e)) = r else { panic!("record {i}: not a compressed answer") };
+                    let Ok(e) = r else { panic!("record {i}: no compressed answer") };
                     answers.lock().unwrap()[i].push(e);
                     count.fetch_add(1, Ordering::SeqCst);
                 }),
@@ -262,16 +262,13 @@ fn verification_can_be_turned_off_and_then_garbage_is_not_caught() {
         .iter()
         .map(|d| {
             let tx = tx.clone();
-            Job {
-                work: Work::Compress(request(d.clone(), "gzip-6", Offload::Only("faulty"))),
-                done: Box::new(move |r| tx.send(r).unwrap()),
-            }
+            Job { request: request(d.clone(), "gzip-6", Offload::Only("faulty")), done: Box::new(move |r| tx.send(r).unwrap()) }
         })
         .collect();
     engine.submit(jobs);
     let mut bad = 0;
     for _ in 0..20 {
-        let Ok(Output::Compressed(e)) = rx.recv_timeout(Duration::from_secs(10)).unwrap() else { panic!() };
+        let Ok(e) = rx.recv_timeout(Duration::from_secs(10)).unwrap() else { panic!() };
         let out = e.codec.decompress(&e.bytes, e.logical_len as usize);
         if e.codec == Codec::Off || out.as_ref().map_or(true, |out| records.iter().all(|r| **r != *out)) {
             bad += 1;
@@ -369,4 +366,99 @@ fn the_device_table_names_each_device_once_and_offload_takes_its_names() {
     let faulty = DEVICES.iter().find(|d| d.name == "faulty").unwrap();
     assert!(faulty.test_only);
     assert_eq!(FaultyDevice::new(FaultSpec::default()).name(), faulty.name);
+}
+
+fn stored(engine: &Engine, records: &[Arc<Vec<u8>>], name: &str) -> Vec<DecompressRequest> {
+    records
+        .iter()
+        .map(|r| {
+            let e = engine.compress_here(&request(r.clone(), name, Offload::Cpu)).expect("a CPU-only engine compresses here");
+            DecompressRequest {
+                codec: e.codec,
+                stored: e.bytes,
+                logical_len: e.logical_len as usize,
+                checksum_kind: ChecksumKind::Crc32c,
+                checksum: e.checksum,
+            }
+        })
+        .collect()
+}
+
+#[test]
+fn a_batch_decodes_in_order_and_keeps_each_records_error() {
+    let engine = Engine::new(2);
+    let records = fastq_like(12, 128 << 10, 11);
+    let mut requests = stored(&engine, &records, "zstd-3");
+    requests[5].checksum ^= 1;
+    let results = engine.decompress_all(requests);
+    assert_eq!(results.len(), records.len());
+    for (i, (result, data)) in results.iter().zip(&records).enumerate() {
+        match result {
+            Err(EngineError::ChecksumMismatch) if i == 5 => {}
+            Ok(bytes) if i != 5 => assert!(bytes == &**data, "record {i} decodes to different bytes"),
+            other => panic!("record {i}: {:?}", other.as_ref().map(|b| b.len())),
+        }
+    }
+}
+
+#[test]
+fn a_batch_is_decoded_by_its_caller_while_every_worker_is_busy() {
+    // Both workers held: before shared.rs the batch waited for them.
+    let engine = Engine::new(2);
+    let (release, held) = crossbeam_channel::unbounded::<()>();
+    let (started_tx, started) = crossbeam_channel::unbounded::<()>();
+    for _ in 0..2 {
+        let (held, started_tx) = (held.clone(), started_tx.clone());
+        engine
+            .inner
+            .cpu
+            .spawn(Box::new(move || {
+                started_tx.send(()).unwrap();
+                let _ = held.recv();
+            }))
+            .unwrap_or_else(|_| panic!("the pool refused a task"));
+    }
+    for _ in 0..2 {
+        started.recv_timeout(Duration::from_secs(10)).expect("both workers busy");
+    }
+    let records = fastq_like(8, 128 << 10, 12);
+    let (tx, rx) = crossbeam_channel::bounded(1);
+    std::thread::scope(|s| {
+        let requests = stored(&engine, &records, "lz4");
+        let engine = &engine;
+        s.spawn(move || tx.send(engine.decompress_all(requests)).unwrap());
+        let results = rx.recv_timeout(Duration::from_secs(20));
+        drop(release); // let the workers go whatever happened, so the scope can end
+        let results = results.expect("the batch waited for busy workers");
+        for (i, (result, data)) in results.into_iter().zip(&records).enumerate() {
+            assert!(result.expect("decodes") == **data, "record {i} decodes to different bytes");
+        }
+    });
+}
+
+/// The threads `slow_decode` ran on.
+static DECODED_ON: Mutex<Vec<std::thread::ThreadId>> = Mutex::new(Vec::new());
+
+fn slow_decode(inner: &Inner, req: &DecompressRequest) -> Result<Vec<u8>, EngineError> {
+    DECODED_ON.lock().unwrap().push(std::thread::current().id());
+    std::thread::sleep(Duration::from_millis(3));
+    inner.decode(req)
+}
+
+#[test]
+fn an_idle_worker_helps_a_lone_batch_and_a_busy_one_is_not_asked() {
+    let engine = Engine::new(2);
+    let records = fastq_like(64, 128 << 10, 13);
+    let results = engine.inner.decode_shared(stored(&engine, &records, "gzip-6"), slow_decode);
+    for (i, (result, data)) in results.into_iter().zip(&records).enumerate() {
+        assert!(result.expect("decodes") == **data, "record {i} decodes to different bytes");
+    }
+    let mut threads = std::mem::take(&mut *DECODED_ON.lock().unwrap());
+    let mine = threads.iter().filter(|&&t| t == std::thread::current().id()).count();
+    threads.sort_unstable_by_key(|t| format!("{t:?}"));
+    threads.dedup();
+    assert!(mine > 0 && mine < records.len() && threads.len() == 2, "the caller decoded {mine} of 64, on {} threads", threads.len());
+    // Everyone counted out again: the next lone batch may ask one helper (two cores).
+    assert_eq!(engine.inner.decoders.join(8, 2), 1);
+    assert_eq!(engine.inner.decoders.join(8, 2), 0, "no helper while every core decodes");
 }

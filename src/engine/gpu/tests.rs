@@ -5,7 +5,7 @@
 use super::*;
 use crate::checksum::ChecksumKind;
 use crate::engine::tests::{fastq_like, random};
-use crate::engine::{CompressRequest, Engine, EngineConfig, Job, MinSavings, Offload, Output, Work};
+use crate::engine::{CompressRequest, Engine, EngineConfig, Job, MinSavings, Offload};
 
 fn gpu() -> Option<GpuDevice> {
     match GpuDevice::open(GpuConfig::from_env()) {
@@ -115,13 +115,13 @@ fn the_engine_offloads_to_the_gpu_with_every_policy() {
         .map(|(i, r)| {
             let tx = tx.clone();
             Job {
-                work: Work::Compress(CompressRequest {
+                request: CompressRequest {
                     data: r.clone(),
                     compression: Compression::parse("gzip-6").unwrap().into(),
                     min_savings: MinSavings::ZFS,
                     checksum: ChecksumKind::Crc32c,
                     offload: Offload::Only("gpu"),
-                }),
+                },
                 done: Box::new(move |res| tx.send((i, res)).unwrap()),
             }
         })
@@ -129,7 +129,7 @@ fn the_engine_offloads_to_the_gpu_with_every_policy() {
     engine.submit(jobs);
     for _ in 0..records.len() {
         let (i, res) = rx.recv_timeout(Duration::from_secs(60)).expect("an answer");
-        let Ok(Output::Compressed(e)) = res else { panic!("record {i}") };
+        let Ok(e) = res else { panic!("record {i}") };
         let back = e.codec.decompress(&e.bytes, e.logical_len as usize).unwrap();
         assert!(back == *records[i]);
     }
