@@ -470,6 +470,70 @@ fn resident_pages(map: &memmap2::Mmap) -> usize {
     vec.iter().filter(|v| **v & 1 != 0).count()
 }
 
+/// Fraction of the first `part` of `path`'s pages in the page cache.
+fn resident_fraction(path: &std::path::Path, part: f64) -> f64 {
+    let f = File::open(path).unwrap();
+    // SAFETY: nothing changes the file while it is mapped (the mount is idle).
+    let map = unsafe { memmap2::MmapOptions::new().len((f.metadata().unwrap().len() as f64 * part) as usize).map(&f) }.unwrap();
+    resident_pages(&map) as f64 / map.len().div_ceil(4096) as f64
+}
+
+/// Drops a lower file's pages from the page cache (written back first).
+fn evict(path: &std::path::Path) {
+    let f = File::open(path).unwrap();
+    f.sync_all().unwrap();
+    // SAFETY: posix_fadvise only reads its integer arguments.
+    assert_eq!(unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) }, 0);
+}
+
+#[test]
+fn a_streamed_file_leaves_no_second_compressed_copy_in_the_page_cache() {
+    let d = Dirs::new();
+    // SAFETY: statfs writes into the struct it is given.
+    let mut sfs: libc::statfs = unsafe { std::mem::zeroed() };
+    let lower_c = std::ffi::CString::new(d.lower.as_os_str().as_encoded_bytes()).unwrap();
+    assert_eq!(unsafe { libc::statfs(lower_c.as_ptr(), &mut sfs) }, 0);
+    if sfs.f_type == libc::TMPFS_MAGIC {
+        eprintln!("skipped: the test directory is on tmpfs, whose pages cannot be dropped");
+        return;
+    }
+    let data = compressible(48 << 20, 7);
+    let m = Mount::new(&d.lower, &d.mnt, "compression=lz4,recordsize=128K");
+    fs::write(m.path("f"), &data).unwrap();
+    m.unmount();
+    let lower = d.lower.join("f");
+
+    // Read from start to end: the records the stream has left behind lose their lower pages
+    // (the kernel caches what they decoded to).
+    evict(&lower);
+    let m = Mount::new(&d.lower, &d.mnt, "");
+    let mut got = Vec::with_capacity(data.len());
+    File::open(m.path("f")).unwrap().read_to_end(&mut got).unwrap();
+    assert!(got == data);
+    m.unmount();
+    let streamed = resident_fraction(&lower, 0.5);
+
+    // The same chunks read in a scattered order are no stream: their lower pages stay cached.
+    evict(&lower);
+    let m = Mount::new(&d.lower, &d.mnt, "");
+    let f = File::open(m.path("f")).unwrap();
+    let chunk = 1 << 20;
+    let mut buf = vec![0u8; chunk];
+    for i in (0..48).map(|i| (i * 29) % 48) {
+        f.read_exact_at(&mut buf, (i * chunk) as u64).unwrap();
+        assert!(buf[..] == data[i * chunk..(i + 1) * chunk], "chunk {i}");
+    }
+    drop(f);
+    m.unmount();
+    let scattered = resident_fraction(&lower, 0.5);
+    assert!(
+        streamed < 0.1 && scattered > 0.5,
+        "first half of the lower file cached: {:.0}% after a stream, {:.0}% after scattered reads",
+        streamed * 100.0,
+        scattered * 100.0
+    );
+}
+
 #[test]
 fn write_only_opens_bypass_the_page_cache_and_cached_readers_see_what_they_write() {
     let d = Dirs::new();

@@ -19,6 +19,16 @@ pub fn will_need(file: impl AsFd, offset: u64, len: u64) -> io::Result<()> {
 
 /// Asks the lower file system to start writing the file's dirty pages to its disk; it returns
 /// without waiting for them (`sync_file_range(SYNC_FILE_RANGE_WRITE)`, no durability implied).
+/// Drops the cached pages of a range that will not be read again (a stream's past).
+pub fn dont_need(file: impl AsFd, offset: u64, len: u64) -> io::Result<()> {
+    // SAFETY: posix_fadvise only reads its integer arguments; the fd is open for the call.
+    let r = unsafe { libc::posix_fadvise(file.as_fd().as_raw_fd(), offset as libc::off_t, len as libc::off_t, libc::POSIX_FADV_DONTNEED) };
+    match r {
+        0 => Ok(()),
+        e => Err(io::Error::from_raw_os_error(e)),
+    }
+}
+
 pub fn start_writeback(file: impl AsFd) -> io::Result<()> {
     // SAFETY: sync_file_range only reads its integer arguments; the fd is open for the call.
     check(unsafe { libc::sync_file_range(file.as_fd().as_raw_fd(), 0, 0, libc::SYNC_FILE_RANGE_WRITE) }).map(|_| ())
