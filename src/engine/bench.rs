@@ -135,13 +135,7 @@ fn compress_all(engine: &Engine, records: &[Arc<Vec<u8>>], compression: Compress
 }
 
 fn request(e: &Encoded) -> DecompressRequest {
-    DecompressRequest {
-        codec: e.codec,
-        stored: e.bytes.clone(),
-        logical_len: e.logical_len as usize,
-        checksum_kind: ChecksumKind::Crc32c,
-        checksum: e.checksum,
-    }
+    DecompressRequest::of(e, ChecksumKind::Crc32c)
 }
 
 /// Decodes on a device: checksums verified on the CPU first (device decoders assume valid

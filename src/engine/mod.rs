@@ -210,6 +210,19 @@ pub struct DecompressRequest {
     pub checksum: u64,
 }
 
+impl DecompressRequest {
+    /// An encoded record as stored, its checksum of `checksum_kind` (what it was encoded with).
+    pub fn of(e: &Encoded, checksum_kind: ChecksumKind) -> DecompressRequest {
+        DecompressRequest {
+            codec: e.codec,
+            stored: e.bytes.clone(),
+            logical_len: e.logical_len as usize,
+            checksum_kind,
+            checksum: e.checksum,
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum EngineError {
     /// Stored bytes do not match their checksum: they were never handed to a decoder.

@@ -202,13 +202,7 @@ mod tests {
     }
 
     fn decode(e: &Encoded) -> Result<Vec<u8>, EngineError> {
-        decode_record(&DecompressRequest {
-            codec: e.codec,
-            stored: e.bytes.clone(),
-            logical_len: e.logical_len as usize,
-            checksum_kind: ChecksumKind::Crc32c,
-            checksum: e.checksum,
-        })
+        decode_record(&DecompressRequest::of(e, ChecksumKind::Crc32c))
     }
 
     #[test]

@@ -4,7 +4,7 @@
 //! Handing every record to the pool cost each READ two thread switches per worker and left the
 //! caller asleep. A sequential reader's read-ahead keeps a READ in flight on each core: there
 //! each caller decoding its own records uses both cores with no switch (a cold 1 GiB zstd-3 read
-//! took 0.71-0.81 s instead of 0.83-0.84 s). A lone READ (`O_DIRECT`, random reads) still gets
+//! took 0.75-0.81 s instead of 0.83-0.95 s). A lone READ (`O_DIRECT`, random reads) still gets
 //! the idle cores' workers beside its caller.
 
 use super::{DecompressRequest, EngineError};

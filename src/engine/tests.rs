@@ -114,14 +114,8 @@ fn compress_spaced_and_check(
         .map(|(i, (mut got, data))| {
             assert_eq!(got.len(), 1, "record {i} answered {} times", got.len());
             let e = got.pop().unwrap();
-            let back = policy::decode_record(&DecompressRequest {
-                codec: e.codec,
-                stored: e.bytes.clone(),
-                logical_len: e.logical_len as usize,
-                checksum_kind: ChecksumKind::Crc32c,
-                checksum: e.checksum,
-            })
-            .unwrap_or_else(|err| panic!("record {i} does not decode: {err}"));
+            let back = policy::decode_record(&DecompressRequest::of(&e, ChecksumKind::Crc32c))
+                .unwrap_or_else(|err| panic!("record {i} does not decode: {err}"));
             assert!(back == **data, "record {i} decodes to different bytes");
             e
         })
@@ -373,13 +367,7 @@ fn stored(engine: &Engine, records: &[Arc<Vec<u8>>], name: &str) -> Vec<Decompre
         .iter()
         .map(|r| {
             let e = engine.compress_here(&request(r.clone(), name, Offload::Cpu)).expect("a CPU-only engine compresses here");
-            DecompressRequest {
-                codec: e.codec,
-                stored: e.bytes,
-                logical_len: e.logical_len as usize,
-                checksum_kind: ChecksumKind::Crc32c,
-                checksum: e.checksum,
-            }
+            DecompressRequest::of(&e, ChecksumKind::Crc32c)
         })
         .collect()
 }

@@ -9,8 +9,17 @@ use std::os::unix::fs::FileExt;
 /// Asks the lower file system to start reading a range into its page cache (read-ahead); it
 /// returns without waiting for the I/O.
 pub fn will_need(file: impl AsFd, offset: u64, len: u64) -> io::Result<()> {
+    fadvise(file, offset, len, libc::POSIX_FADV_WILLNEED)
+}
+
+/// Drops the cached pages of a range that will not be read again (a stream's past).
+pub fn dont_need(file: impl AsFd, offset: u64, len: u64) -> io::Result<()> {
+    fadvise(file, offset, len, libc::POSIX_FADV_DONTNEED)
+}
+
+fn fadvise(file: impl AsFd, offset: u64, len: u64, advice: libc::c_int) -> io::Result<()> {
     // SAFETY: posix_fadvise only reads its integer arguments; the fd is open for the call.
-    let r = unsafe { libc::posix_fadvise(file.as_fd().as_raw_fd(), offset as libc::off_t, len as libc::off_t, libc::POSIX_FADV_WILLNEED) };
+    let r = unsafe { libc::posix_fadvise(file.as_fd().as_raw_fd(), offset as libc::off_t, len as libc::off_t, advice) };
     match r {
         0 => Ok(()),
         e => Err(io::Error::from_raw_os_error(e)),
@@ -19,16 +28,6 @@ pub fn will_need(file: impl AsFd, offset: u64, len: u64) -> io::Result<()> {
 
 /// Asks the lower file system to start writing the file's dirty pages to its disk; it returns
 /// without waiting for them (`sync_file_range(SYNC_FILE_RANGE_WRITE)`, no durability implied).
-/// Drops the cached pages of a range that will not be read again (a stream's past).
-pub fn dont_need(file: impl AsFd, offset: u64, len: u64) -> io::Result<()> {
-    // SAFETY: posix_fadvise only reads its integer arguments; the fd is open for the call.
-    let r = unsafe { libc::posix_fadvise(file.as_fd().as_raw_fd(), offset as libc::off_t, len as libc::off_t, libc::POSIX_FADV_DONTNEED) };
-    match r {
-        0 => Ok(()),
-        e => Err(io::Error::from_raw_os_error(e)),
-    }
-}
-
 pub fn start_writeback(file: impl AsFd) -> io::Result<()> {
     // SAFETY: sync_file_range only reads its integer arguments; the fd is open for the call.
     check(unsafe { libc::sync_file_range(file.as_fd().as_raw_fd(), 0, 0, libc::SYNC_FILE_RANGE_WRITE) }).map(|_| ())
