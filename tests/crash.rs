@@ -468,6 +468,7 @@ fn a_new_file_whose_first_header_a_power_cut_undid_reads_as_empty() {
     let raw = std::fs::read(&lower).unwrap();
     assert!(raw[4096..].iter().any(|&b| b != 0));
     OpenOptions::new().write(true).open(&lower).unwrap().write_all_at(&[0u8; 4096], 0).unwrap();
+    cut_short(&d.lower);
 
     let m = Mount::new(&d.lower, &d.mnt, "");
     assert_eq!(std::fs::metadata(m.path("new")).unwrap().len(), 0, "the new file's unsynced data is gone, as a whole");
@@ -503,6 +504,24 @@ fn an_emptied_file_written_as_plain_keeps_its_data() {
     assert_eq!(got.len(), want.len(), "the file's size");
     assert!(got == want, "the file's bytes");
     m.unmount();
+}
+
+/// What a power cut leaves in the lower root's run record: the run that was cut never recorded
+/// its end (a clean unmount records it only after syncing everything, which the tests that
+/// play a cut on a cleanly unmounted lower undo by hand).
+fn cut_short(lower: &std::path::Path) {
+    use densefs::format::hints::{RunRecord, RUN_RECORD_XATTR};
+    use std::os::unix::ffi::OsStrExt;
+    let path = std::ffi::CString::new(lower.as_os_str().as_bytes()).unwrap();
+    let name = std::ffi::CString::new(RUN_RECORD_XATTR).unwrap();
+    let mut value = [0u8; 64];
+    // SAFETY: both strings are NUL-terminated; getxattr writes at most value.len() bytes.
+    let n = unsafe { libc::getxattr(path.as_ptr(), name.as_ptr(), value.as_mut_ptr().cast(), value.len()) };
+    assert!(n > 0, "the lower root has a run record");
+    let record = RunRecord { running: true, ..RunRecord::decode(&value[..n as usize]).expect("a run record") };
+    let value = record.encode();
+    // SAFETY: both strings are NUL-terminated; setxattr reads value.len() bytes of `value`.
+    assert_eq!(unsafe { libc::setxattr(path.as_ptr(), name.as_ptr(), value.as_ptr().cast(), value.len(), 0) }, 0);
 }
 
 fn xattr_names(path: &std::path::Path) -> String {

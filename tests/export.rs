@@ -52,11 +52,15 @@ fn open_by_handle(mount: &Path, h: &Handle, flags: i32) -> std::io::Result<Owned
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
-fn ino_of(fd: &OwnedFd) -> u64 {
+fn stat_of(fd: &OwnedFd) -> libc::stat {
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
     let r = unsafe { libc::fstatat(fd.as_raw_fd(), c"".as_ptr(), &mut st, libc::AT_EMPTY_PATH | libc::AT_SYMLINK_NOFOLLOW) };
     assert_eq!(r, 0);
-    st.st_ino
+    st
+}
+
+fn ino_of(fd: &OwnedFd) -> u64 {
+    stat_of(fd).st_ino
 }
 
 fn drop_caches() {
@@ -127,6 +131,10 @@ fn check_handles(mnt: &Path, t: &Tree, big: &[u8], when: &str) {
     // The deleted file's number may be reused by a new file: its handle must not open that.
     match open_by_handle(mnt, &t.doomed, libc::O_RDONLY) {
         Err(e) => assert_eq!(e.raw_os_error(), Some(libc::ESTALE), "{when}: deleted file's handle: {e}"),
+        // The kernel holds a closed file's inode until the daemon answers its RELEASE, which it
+        // sends without waiting: until then the deleted file itself (no name left) opens, as an
+        // open-by-handle of a deleted file still in use does on ext4. Never another file.
+        Ok(fd) if when == "while cached" && stat_of(&fd).st_nlink == 0 => {}
         Ok(fd) => panic!("{when}: a deleted file's handle opened inode {}", ino_of(&fd)),
     }
 }

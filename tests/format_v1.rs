@@ -2,11 +2,11 @@
 //! them must not change a byte of them (docs/FORMAT.md, "Version history"):
 //! - tests/fixtures/v1-first: version 1 as the first densefs wrote it (header copy B at 512);
 //! - tests/fixtures/v1: version 1 after the inline area moved copy B to 64 (epoch fields zero);
-//! - tests/fixtures/v2 to v5: versions 2 to 5, made by `make_fixtures` below.
+//! - tests/fixtures/v2 to v6: versions 2 to 6, made by `make_fixtures` below.
 //!
 //! Files of versions 1 to 3 stay writable, in version 3's layout (each copy in its record's
-//! slot), and files of version 4 in version 4's (tables at version 3's offsets):
-//! `files_of_versions_3_and_4_take_writes_and_keep_their_layout`.
+//! slot), files of version 4 in version 4's (tables at version 3's offsets), and files of
+//! version 5 become version 6 (the same layout): `files_of_earlier_versions_take_writes_and_keep_their_layout`.
 //!
 //! If this test fails, the format changed: bump FORMAT_VERSION, keep reading every version, and
 //! freeze a new set.
@@ -39,7 +39,7 @@ fn fixtures(set: &str) -> std::path::PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(set)
 }
 
-/// A lower directory holding a copy of the fixture set `set` (`v1`, ... `v5`).
+/// A lower directory holding a copy of the fixture set `set` (`v1`, ... `v6`).
 fn lower_with_fixtures(set: &str) -> Dirs {
     let d = Dirs::new();
     for e in fs::read_dir(fixtures(set)).unwrap() {
@@ -51,7 +51,7 @@ fn lower_with_fixtures(set: &str) -> Dirs {
 
 #[test]
 fn fixtures_of_every_version_read_back_exactly_and_stay_unchanged() {
-    for set in ["v1-first", "v1", "v2", "v3", "v4", "v5"] {
+    for set in ["v1-first", "v1", "v2", "v3", "v4", "v5", "v6"] {
         let d = lower_with_fixtures(set);
         let m = Mount::new(&d.lower, &d.mnt, "");
         for (name, _, data) in fixture_files() {
@@ -77,9 +77,20 @@ fn header_version(lower_file: &Path) -> u16 {
     u16::from_le_bytes([header[8], header[9]])
 }
 
+fn has_size_hint(lower_file: &Path) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    let path = std::ffi::CString::new(lower_file.as_os_str().as_bytes()).unwrap();
+    let name = std::ffi::CString::new(densefs::format::hints::SIZE_HINT_XATTR).unwrap();
+    // SAFETY: both strings are NUL-terminated; a null buffer of size 0 asks for the length.
+    unsafe { libc::lgetxattr(path.as_ptr(), name.as_ptr(), std::ptr::null_mut(), 0) > 0 }
+}
+
 #[test]
-fn files_of_versions_3_and_4_take_writes_and_keep_their_layout() {
-    for version in [3u16, 4] {
+fn files_of_earlier_versions_take_writes_and_keep_their_layout() {
+    const CURRENT: u16 = densefs::format::FORMAT_VERSION;
+    for version in [3u16, 4, 5] {
+        // Version 6 is version 5's layout: a header write makes a file of version 5 version 6.
+        let written_as = if version == 5 { CURRENT } else { version };
         let d = lower_with_fixtures(&format!("v{version}"));
         let m = Mount::new(&d.lower, &d.mnt, "");
         let mut expected = Vec::new();
@@ -112,20 +123,23 @@ fn files_of_versions_3_and_4_take_writes_and_keep_their_layout() {
         }
         m.unmount();
         for (name, _) in &expected {
-            assert_eq!(header_version(&d.lower.join(name)), version, "v{version}/{name} keeps version {version}'s layout");
+            assert_eq!(header_version(&d.lower.join(name)), written_as, "v{version}/{name} keeps version {version}'s layout");
+            // A densefs reading versions 3 and 4 writes those files and knows no size hints:
+            // only files of the current version get one (docs/FORMAT.md, "Size hints and runs").
+            assert_eq!(has_size_hint(&d.lower.join(name)), written_as == CURRENT, "v{version}/{name}'s size hint");
         }
-        // A new file is version 5.
+        // A new file is of the current version.
         let m = Mount::new(&d.lower, &d.mnt, "");
         fs::write(m.path("new"), compressible(50_000, 11)).unwrap();
         m.unmount();
-        assert_eq!(header_version(&d.lower.join("new")), 5);
+        assert_eq!(header_version(&d.lower.join("new")), CURRENT);
     }
 }
 
 /// `densefs recompress` moves a file of an earlier format into the current one (a new container
 /// renamed over it), keeping its bytes; a format-4 file it cannot move is re-encoded in place.
 #[test]
-fn recompress_moves_files_of_versions_3_and_4_to_version_5() {
+fn recompress_moves_files_of_versions_3_and_4_to_the_current_version() {
     for version in [3u16, 4] {
         let d = lower_with_fixtures(&format!("v{version}"));
         let (name, options, data) = fixture_files().into_iter().find(|f| f.0 == "zle-4k").unwrap();
@@ -134,7 +148,7 @@ fn recompress_moves_files_of_versions_3_and_4_to_version_5() {
         assert!(out.status.success(), "recompress: {}", String::from_utf8_lossy(&out.stderr));
         assert!(fs::read(m.path(name)).unwrap() == data, "v{version}/{name} after recompress");
         m.unmount();
-        assert_eq!(header_version(&d.lower.join(name)), 5, "v{version}/{name} recompressed");
+        assert_eq!(header_version(&d.lower.join(name)), densefs::format::FORMAT_VERSION, "v{version}/{name} recompressed");
         let m = Mount::new(&d.lower, &d.mnt, "");
         assert!(fs::read(m.path(name)).unwrap() == data, "v{version}/{name} after a remount");
         m.unmount();
@@ -184,7 +198,7 @@ fn a_file_written_in_order_lies_packed_on_the_lower_file() {
     fs::write(m.path("packed"), &data).unwrap();
     m.unmount();
     let lower = d.lower.join("packed");
-    assert_eq!(header_version(&lower), 5);
+    assert_eq!(header_version(&lower), densefs::format::FORMAT_VERSION);
     // 80 records in 3 groups: one run of data (block 0, the copies and the tables of groups 1
     // and 2 among them), split only where a copy that does not fit before a table block goes
     // past it (a hole of less than a record) and at the table blocks of groups the file does

@@ -137,7 +137,8 @@ fn accounting_matches_the_lower_files_and_survives_a_crash() {
     let stat = ok(densefs(&["stat"], &[&m.path("data/text")]));
     assert!(stat.contains("gzip-6 128"), "{stat}");
     let lower_len = std::fs::metadata(d.lower.join("data/text")).unwrap().len();
-    assert!(stat.contains(&format!("container (format 5, lower file {lower_len} bytes long)")), "{stat}");
+    let format = densefs::format::FORMAT_VERSION;
+    assert!(stat.contains(&format!("container (format {format}, lower file {lower_len} bytes long)")), "{stat}");
     let json: serde_json::Value = serde_json::from_str(&ok(densefs(&["stat", "--json"], &[&m.path("data/noise")]))).unwrap();
     assert_eq!(json[0]["stats"]["records"]["raw"], 16);
     m.kill();

@@ -150,6 +150,7 @@ pub(super) fn serve(
         Err(e) => return Err(fail(&mut ready, e.to_string())),
     };
     fs.connect_memory_budget();
+    fs.begin_run(!config.read_only());
     let mut fuse_config = fuser::Config::default();
     fuse_config.mount_options =
         vec![MountOption::FSName(lower.display().to_string()), MountOption::Subtype("densefs".into()), MountOption::DefaultPermissions];
@@ -256,7 +257,9 @@ pub(super) fn serve(
     fs.flush_all();
     let root = File::open(lower).map_err(|e| e.to_string())?;
     // SAFETY: syncfs on a descriptor `root` owns and keeps open across the call.
-    unsafe { libc::syncfs(root.as_raw_fd()) };
+    if unsafe { libc::syncfs(root.as_raw_fd()) } == 0 {
+        fs.end_run();
+    }
     if let Some(lease) = &lease {
         lease.release();
     }
@@ -287,7 +290,9 @@ fn end_after_signal(session_ended: &std::sync::atomic::AtomicBool, fs: &Arc<Dens
         fs.flush_all();
         if let Ok(root) = File::open(&lower) {
             // SAFETY: syncfs on a descriptor `root` owns and keeps open across the call.
-            unsafe { libc::syncfs(root.as_raw_fd()) };
+            if unsafe { libc::syncfs(root.as_raw_fd()) } == 0 {
+                fs.end_run();
+            }
         }
         if let Some(lease) = lease {
             lease.release();

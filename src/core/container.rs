@@ -112,7 +112,7 @@ struct ReadStream {
     next: u64,
     /// Records below this were already asked for.
     ahead_until: u64,
-    /// The stream's descriptor tables were asked for (formats 4 and 5 keep them apart from the copies).
+    /// The stream's descriptor tables were asked for (formats 4 to 6 keep them apart from the copies).
     tables_asked: bool,
     /// Records below this were left behind and had their lower pages dropped (or came before
     /// the stream began).
@@ -382,6 +382,24 @@ impl Container {
     /// The lower file (shared with the inode table, whose descriptor for the inode it is).
     pub fn lower_file(&self) -> &Arc<File> {
         self.store.lower()
+    }
+
+    /// (size, record shift) once this run wrote the file and its header records the size it
+    /// has, nothing left to land: what its size hint may say (`core::hints`). Only files of the
+    /// current format get hints: a densefs reading versions 3 and 4 writes them, and would not
+    /// remove a hint it does not know.
+    pub fn settled_size(&self) -> Option<(u64, u8)> {
+        let st = self.state.lock();
+        let settled = self.layout().format_version() == crate::format::FORMAT_VERSION
+            && st.store.wrote()
+            && st.buffers.all_landed()
+            && st.store.recorded_size() == Some(st.store.size);
+        settled.then(|| (st.store.size, self.layout().record_shift()))
+    }
+
+    /// What log lines call the file.
+    pub fn label(&self) -> String {
+        self.store.label()
     }
 
     /// Whether closing needs a sync to free old copies.

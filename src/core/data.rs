@@ -358,6 +358,7 @@ impl DenseFs {
                 open.content = Some(Content::Container(c));
                 return;
             }
+            self.record_size_hint(&c);
             if c.take_lower_changed() {
                 self.lower_changed(inode, &mut open);
             } else {
@@ -396,7 +397,7 @@ impl DenseFs {
         let content = self.load_content(inode, true, None)?;
         let result = f(&content);
         let flushed = match &content {
-            Content::Container(c) => c.flush(),
+            Content::Container(c) => c.flush().inspect(|()| self.record_size_hint(c)),
             Content::Plain(_) => Ok(()),
         };
         match &content {

@@ -10,6 +10,7 @@ mod changed;
 pub mod container;
 pub mod data;
 pub mod error;
+mod hints;
 mod inodes;
 mod landing;
 pub mod lower;
@@ -167,6 +168,9 @@ pub struct DenseFs {
     settling: Mutex<HashMap<u64, (std::sync::Weak<Inode>, std::time::Instant)>>,
     /// Listings read further than their replies took, for the READDIRs that go on with them.
     cursors: namespace::Cursors,
+    /// Size hints: set by `begin_run` (none for a core without a mount, or a lower that keeps
+    /// no run record).
+    hints: std::sync::OnceLock<hints::Hints>,
 }
 
 /// What the kernel keeps of a node that the daemon can tell it to drop.
@@ -222,6 +226,7 @@ impl DenseFs {
             settling: Mutex::new(HashMap::new()),
             daemon_ids: (lower::geteuid(), lower::getegid()),
             last_report: Mutex::new(None),
+            hints: std::sync::OnceLock::new(),
         })
     }
 
@@ -251,8 +256,9 @@ impl DenseFs {
         lower::fd_path(inode.raw_fd())
     }
 
-    /// The logical size and record size of a regular file that is not open: from its header
-    /// (read without moving the access time), or the lower file's own (None). The answer is
+    /// The logical size and record size of a regular file that is not open: from its size hint
+    /// (`hints`), else its header (read without moving the access time), or the lower file's
+    /// own (None). The answer is
     /// kept on the inode with the lower status it was read under, and reused while that status
     /// is unchanged.
     fn closed_file_size(&self, inode: &Node, st: &libc::stat) -> Option<(u64, u32)> {
@@ -265,17 +271,22 @@ impl DenseFs {
                 return known.size;
             }
         }
-        let probed = match inode.readable_fd() {
-            Some(fd) => container::Container::probe_fd(fd),
-            None => match lower::reopen_read(inode.raw_fd(), true) {
-                Ok(file) => container::Container::probe(&file),
+        let hinted = match inode.readable_fd() {
+            _ if !self.uses_hints() => None,
+            Some(fd) => self.hinted_size(lower::XattrOn::Fd(fd), st),
+            None => self.hinted_size(lower::XattrOn::Path(&lower::proc_path(inode.raw_fd())), st),
+        };
+        let probed = match (hinted, inode.readable_fd()) {
+            (Some((size, record_size)), _) => Ok(Some((size, record_size))),
+            (None, Some(fd)) => container::Container::probe_fd(fd).map(|h| h.map(|h| (h.size, h.layout.record_size() as u32))),
+            (None, None) => match lower::reopen_read(inode.raw_fd(), true) {
+                Ok(file) => container::Container::probe(&file).map(|h| h.map(|h| (h.size, h.layout.record_size() as u32))),
                 // Unreadable by the daemon (not root, mode 000): show the lower size.
                 Err(_) => return None,
             },
         };
         let size = match probed {
-            Ok(Some(header)) => Some((header.size, header.layout.record_size() as u32)),
-            Ok(None) => None,
+            Ok(sized) => sized,
             // Unreadable (an I/O error) or damaged: the lower size, and no caching.
             Err(e) => {
                 tracing::error!(file = %self.label(inode), "damaged container header: {e}");

@@ -7,7 +7,7 @@ use crate::format::layout::HEADER_BLOCK;
 use parking_lot::Mutex;
 use std::collections::VecDeque;
 use std::ffi::OsStr;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
@@ -388,9 +388,10 @@ impl DenseFs {
         }
     }
 
-    /// Opens the regular files of `batch` that no inode holds yet and starts reading their
-    /// header blocks without waiting: a cold `ls -l` waits for one header read per file, and
-    /// these are in flight together instead of one by one. One slot per entry of `batch`.
+    /// Opens the regular files of `batch` that no inode holds yet and starts reading the header
+    /// blocks of those without a trusted size hint, without waiting: a cold `ls -l` waits for
+    /// one header read per such file, and these are in flight together instead of one by one.
+    /// One slot per entry of `batch`.
     fn read_headers_ahead<'a>(&self, dir: &Node, batch: impl Iterator<Item = &'a DirEntry>) -> VecDeque<Option<OwnedFd>> {
         let dev = dir.lower_id().0;
         batch
@@ -399,7 +400,9 @@ impl DenseFs {
                     return None;
                 }
                 let fd = lower::open_readable(dir.raw_fd(), &entry.name).ok()?;
-                let _ = lower::will_need(&fd, 0, HEADER_BLOCK);
+                if !self.has_trusted_hint(lower::XattrOn::Fd(fd.as_fd())) {
+                    let _ = lower::will_need(&fd, 0, HEADER_BLOCK);
+                }
                 Some(fd)
             })
             .collect()

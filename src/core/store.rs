@@ -86,10 +86,10 @@ pub struct StoreState {
     /// descriptor pointing at a hole with an older copy behind it served in its place.
     /// With the epoch of the clear: a sync closing that epoch made it durable.
     deferred_punch: BTreeMap<(u64, usize), u64>,
-    /// Formats 4 and 5: the places of copies a truncate cleared, with the epoch of the clear: given up
+    /// Formats 4 to 6: the places of copies a truncate cleared, with the epoch of the clear: given up
     /// (punched, free for new copies) once a sync closing that epoch made the clear durable.
     deferred_places: Vec<(u64, Extent)>,
-    /// Formats 4 and 5: the lower file's free space, built from every table before the run places its
+    /// Formats 4 to 6: the lower file's free space, built from every table before the run places its
     /// first copy (`Store::space`).
     space: Option<Space>,
     /// Uncompressed copies this run wrote, per record and slot, with the blocks in which the
@@ -117,6 +117,9 @@ pub struct StoreState {
     unpublished_changes: bool,
     /// A new file's block 0 while its first landing assembles it ([`Store::gather_block_0`]).
     gathered: Option<GatheredBlock>,
+    /// The lower file may carry a size hint (`core::hints`), to be removed before a header
+    /// records another size: an existing file may, a new one has none.
+    size_hint_may_exist: bool,
 }
 
 /// An uncompressed copy in a slot: the descriptor it was written with (a slot whose descriptor
@@ -163,6 +166,11 @@ impl StoreState {
 
     pub fn times(&self) -> (libc::timespec, Option<libc::timespec>) {
         (self.mtime, self.ctime)
+    }
+
+    /// The size the header on the lower file records, if it has one.
+    pub fn recorded_size(&self) -> Option<u64> {
+        self.header_on_disk.then_some(self.persisted_size)
     }
 
     pub fn wrote(&self) -> bool {
@@ -365,6 +373,7 @@ impl Store {
             mtime_to_restore: false,
             unpublished_changes: false,
             gathered: None,
+            size_hint_may_exist: true,
         };
         (Store { lower, layout: header.layout, checksum: header.checksum, label }, state)
     }
@@ -376,6 +385,7 @@ impl Store {
         let (store, mut state) = Store::with_lower(lower, header, label, 0, mtime);
         // Announced (header written) with its first data or size.
         state.header_on_disk = false;
+        state.size_hint_may_exist = false;
         state.know_group_0_empty();
         state.space = header.layout.placed().then(|| Space::new(header.layout, Vec::new()));
         (store, state)
@@ -433,7 +443,7 @@ impl Store {
         Ok(decode_table(&block, group, self.layout))
     }
 
-    /// Formats 4 and 5: asks the lower file system for the table blocks of `groups` (at most 4096 of
+    /// Formats 4 to 6: asks the lower file system for the table blocks of `groups` (at most 4096 of
     /// them) without waiting: they lie apart from the packed copies, and a sequential reader
     /// would otherwise stop for each one.
     pub fn prefetch_tables(&self, groups: std::ops::Range<u64>) {
@@ -564,7 +574,7 @@ impl Store {
     /// The first group from `group` on whose region holds anything on the lower file. A group
     /// never written is a hole there (its table too), so SEEK_DATA skips it without reading.
     ///
-    /// Formats 4 and 5: copies lie anywhere, so a group counts when its own table block holds anything.
+    /// Formats 4 to 6: copies lie anywhere, so a group counts when its own table block holds anything.
     pub fn next_stored_group(&self, group: u64) -> std::io::Result<Option<u64>> {
         if !self.layout.placed() {
             let from = if group == 0 { 0 } else { self.layout.group_to_table_off(group) };
@@ -584,7 +594,7 @@ impl Store {
         }
     }
 
-    /// Formats 4 and 5: the lower file's free space, built from every table (healed first) the first
+    /// Formats 4 to 6: the lower file's free space, built from every table (healed first) the first
     /// time the run needs it.
     fn space<'a>(&self, st: &'a mut StoreState) -> FsResult<&'a mut Space> {
         if st.space.is_none() {
@@ -711,6 +721,11 @@ impl Store {
             return Ok(self.header(st, size, st.header_seq));
         }
         debug_assert!(st.header_on_disk || first, "BUG: a new file's first header goes through announce");
+        if size != st.persisted_size && st.size_hint_may_exist {
+            // The hint names the size the header is about to stop recording.
+            super::hints::drop_size_hint(&self.lower)?;
+            st.size_hint_may_exist = false;
+        }
         st.touch();
         let sequence = st.header_seq + 1;
         let header = self.header(st, size, sequence);

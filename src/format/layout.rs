@@ -8,9 +8,9 @@
 //! group g >= 1:      table block (4 KiB, first 2 KiB used), then the group's slots
 //! ```
 //! A group is GROUP_RECORDS records; its table holds one ENTRY_SIZE entry (two slot
-//! descriptors) per record. Formats 4 and 5 place each copy where its descriptor says, so the
+//! descriptors) per record. Formats 4 to 6 place each copy where its descriptor says, so the
 //! slots are only room between tables: format 4 keeps format 3's (64 slots after each table),
-//! format 5 leaves room for 8 records after each table, so that a compressed file's lower
+//! formats 5 and 6 leave room for 8 records after each table, so that a compressed file's lower
 //! length follows its stored bytes instead of twice its logical size. Every slot starts on a
 //! 4 KiB boundary, so a slot's unused tail can be punched out and the lower file's allocated
 //! blocks follow the compressed size. Group 0's table
@@ -51,11 +51,11 @@ enum Arrangement {
     /// Format 4: each copy where its descriptor says (`Descriptor::place`), packed in the order
     /// written; the tables stay at format 3's offsets, a table every 64 slots.
     PlacedWide,
-    /// Format 5: copies placed as in format 4; a table every 8 records' worth of bytes.
+    /// Formats 5 and 6: copies placed as in format 4; a table every 8 records' worth of bytes.
     Placed,
 }
 
-/// Records' worth of room after each table block in format 5: the tables of a file whose
+/// Records' worth of room after each table block in formats 5 and 6: the tables of a file whose
 /// copies average at least 1/4 of their records lie among its copies, so its lower length is
 /// about its stored bytes (format 4's tables reach twice the logical size).
 const PLACED_ROOM_RECORDS: u64 = 8;
@@ -77,7 +77,7 @@ impl Piece {
 }
 
 impl Layout {
-    /// The geometry new files get (format 5: copies placed explicitly, tables dense).
+    /// The geometry new files get (formats 5 and 6: copies placed explicitly, tables dense).
     /// `record_size` must be a power of two from 4 KiB to 1 MiB.
     pub fn new(record_size: u64) -> Option<Layout> {
         if !record_size.is_power_of_two() {
@@ -87,7 +87,7 @@ impl Layout {
         (MIN_RECORD_SHIFT..=MAX_RECORD_SHIFT).contains(&shift).then_some(Layout { record_shift: shift, arrangement: Arrangement::Placed })
     }
 
-    /// The same records laid out as format `version` lays them out (1 to 5).
+    /// The same records laid out as format `version` lays them out (1 to 6).
     pub fn of_version(self, version: u16) -> Layout {
         let arrangement = match version {
             ..=SLOTS_FORMAT_VERSION => Arrangement::InSlots,
@@ -112,7 +112,7 @@ impl Layout {
         self.of_version(SLOTS_FORMAT_VERSION)
     }
 
-    /// Whether descriptors say where their copies lie (formats 4 and 5).
+    /// Whether descriptors say where their copies lie (formats 4 to 6).
     pub fn placed(&self) -> bool {
         self.arrangement != Arrangement::InSlots
     }
@@ -149,7 +149,7 @@ impl Layout {
     }
 
     /// Bytes between one table block and the next: a group's slots (formats 1 to 4), or room
-    /// for PLACED_ROOM_RECORDS copies (format 5).
+    /// for PLACED_ROOM_RECORDS copies (formats 5 and 6).
     fn slots_span(&self) -> u64 {
         match self.arrangement {
             Arrangement::InSlots | Arrangement::PlacedWide => GROUP_RECORDS * SLOTS_PER_RECORD * self.record_size(),
@@ -161,7 +161,7 @@ impl Layout {
         record / GROUP_RECORDS
     }
 
-    /// Offset of the group's first slot (format 5: of the room after its table).
+    /// Offset of the group's first slot (formats 5 and 6: of the room after its table).
     pub fn group_to_slots_off(&self, group: u64) -> u64 {
         HEADER_BLOCK + group * (self.slots_span() + BLOCK)
     }
@@ -230,7 +230,7 @@ impl Layout {
 
     /// How far into the lower file the copies of records `0..=record` can reach: their slots'
     /// end (formats 1 to 3), or two copies of each (a record rewritten before a sync keeps its
-    /// older one) with the table blocks between them (formats 4 and 5). None past u64.
+    /// older one) with the table blocks between them (formats 4 to 6). None past u64.
     pub fn lower_end_bound(&self, record: u64) -> Option<u64> {
         if !self.placed() {
             // record_to_slot_off(record, 1) + record size, checked.
@@ -350,10 +350,16 @@ mod tests {
     #[test]
     fn each_version_keeps_its_tables_where_it_put_them() {
         let layout = Layout::new(128 * 1024).unwrap();
-        assert_eq!(layout.format_version(), 5);
-        for version in 1..=5u16 {
+        assert_eq!(layout.format_version(), super::FORMAT_VERSION);
+        for version in 1..=6u16 {
             let l = layout.of_version(version);
-            assert_eq!(l.format_version(), version.max(3));
+            // Versions 1 and 2 become 3, version 5 becomes 6 (the same layouts).
+            let becomes = match version {
+                ..=3 => 3,
+                4 => 4,
+                _ => super::FORMAT_VERSION,
+            };
+            assert_eq!(l.format_version(), becomes);
             assert_eq!(l.placed(), version >= 4);
             assert_eq!(l.group_to_table_off(0), GROUP0_TABLE_OFF);
         }
@@ -362,7 +368,7 @@ mod tests {
             assert_eq!(l.group_to_table_off(1), HEADER_BLOCK + (64 << 17));
             assert_eq!(l.group_to_table_off(2), 2 * (HEADER_BLOCK + (64 << 17)));
         }
-        // Format 5: a table every 8 records' worth (1 MiB + 4 KiB).
+        // Formats 5 and 6: a table every 8 records' worth (1 MiB + 4 KiB).
         assert_eq!(layout.group_to_table_off(1), HEADER_BLOCK + (8 << 17));
         assert_eq!(layout.group_to_table_off(7), 7 * (HEADER_BLOCK + (8 << 17)));
     }

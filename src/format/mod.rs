@@ -1,11 +1,11 @@
-//! The container format, version 5: byte maps and their encoders/decoders (see docs/FORMAT.md).
+//! The container format, version 6: byte maps and their encoders/decoders (see docs/FORMAT.md).
 //!
 //! Header copy (HEADER_COPY_SIZE bytes; two copies, at 0 and 64; the valid copy with the higher
 //! sequence number wins):
 //! ```text
 //!  0  8  magic "DENSEFS\0"
-//!  8  2  format version (u16 LE): 5, 4 (copies placed, tables at version 3's offsets), or 3
-//!        for files of versions 1 to 3 (copies in slots)
+//!  8  2  format version (u16 LE): 6 (files of version 5 too), 4 (copies placed, tables at
+//!        version 3's offsets), or 3 for files of versions 1 to 3 (copies in slots)
 //! 10  1  record shift (12..=20: record size 4 KiB..1 MiB)
 //! 11  1  checksum kind (1 = crc32c, 2 = xxh3-64)
 //! 12  1  codec id new records get, or 255 = auto (the engine picks per record)
@@ -32,7 +32,7 @@
 //! 24  4  epoch, bits 0..32: the file's sync epoch when this copy was written
 //! 28  4  crc32c of bytes 0..28 (u32 LE)
 //! ```
-//! Slot descriptor of versions 4 and 5 (the copy lies where `place` says):
+//! Slot descriptor of versions 4 to 6 (the copy lies where `place` says):
 //! ```text
 //!  0  4  generation (u32 LE; 0 = empty)
 //!  4  4  place: the copy's first byte on the lower file in 4 KiB blocks (u32 LE; 0 = none:
@@ -46,6 +46,7 @@
 //! ```
 
 pub mod durability;
+pub mod hints;
 pub mod layout;
 pub mod record;
 
@@ -55,7 +56,10 @@ pub use layout::{Layout, Piece};
 use layout::{GROUP0_TABLE_OFF, MAX_RECORD_SHIFT, TABLE_SIZE};
 
 pub const MAGIC: [u8; 8] = *b"DENSEFS\0";
-/// Version 5: version 4's bytes with a table every 8 records' worth of lower bytes instead of
+/// Version 6: version 5's bytes; what changed is a writer's duty: the lower file may carry a
+/// size hint (`hints`) naming the header's size, which a writer removes before a header records
+/// another size (a densefs of version 5 would leave it stale, so it must refuse these files).
+/// A header write makes a file of version 5 version 6. Version 5: version 4's bytes with a table every 8 records' worth of lower bytes instead of
 /// every 64 slots (`Layout`), so a file's lower length follows its stored bytes. Version 4:
 /// each descriptor says where its copy lies (`Descriptor::place`), so a file's copies are
 /// packed in the order written instead of one per fixed slot. Version 3: version 2's bytes;
@@ -64,7 +68,7 @@ pub const MAGIC: [u8; 8] = *b"DENSEFS\0";
 /// versions 1 to 3 are read and written too (docs/FORMAT.md, "Version history"); a header
 /// write makes them version 3, and a file of version 4 stays version 4. An older densefs
 /// refuses the versions after its own.
-pub const FORMAT_VERSION: u16 = 5;
+pub const FORMAT_VERSION: u16 = 6;
 /// What a header write makes a file of versions 1 to 3: its copies stay in their slots.
 pub const SLOTS_FORMAT_VERSION: u16 = 3;
 /// What a file of version 4 stays: copies placed, its tables at version 3's offsets.

@@ -222,7 +222,7 @@ impl Container {
     /// file ended: it is written again into its first slot (free once the sync reclaimed it) and
     /// the lower file cut after it, so recompress never makes the lower file longer.
     ///
-    /// Formats 4 and 5: the new copies lie past the old ones, freed by the sync; the last ones are
+    /// Formats 4 to 6: the new copies lie past the old ones, freed by the sync; the last ones are
     /// written again into the free space below (a record at a time, at most a group's worth),
     /// and the lower file is cut after them.
     fn compact_tail(self: &Arc<Self>) -> FsResult<()> {

@@ -25,7 +25,7 @@ impl Store {
     }
 
     /// Where a copy's stored bytes begin on the lower file: block 0's inline area, the place its
-    /// descriptor names (formats 4 and 5), or its record's slot (formats 1 to 3).
+    /// descriptor names (formats 4 to 6), or its record's slot (formats 1 to 3).
     fn copy_at(&self, record: u64, slot: usize, d: &Descriptor) -> u64 {
         if d.is_inline() {
             INLINE_OFF
@@ -85,7 +85,7 @@ impl Store {
                 }
             }
         }
-        // Where the target's copy lies now (formats 4 and 5: its place; earlier: its slot, whose area
+        // Where the target's copy lies now (formats 4 to 6: its place; earlier: its slot, whose area
         // holds what its descriptor says, or anything if that is damaged).
         let placed = self.layout.placed();
         let (old_at, old_len) = match pair[target] {
@@ -106,7 +106,7 @@ impl Store {
         if !placed && st.deferred_punch.contains_key(&(record, target)) {
             self.make_clears_durable(st)?;
         }
-        // Formats 4 and 5: the copy goes over the target's old one if it fits there (as a slot would
+        // Formats 4 to 6: the copy goes over the target's old one if it fits there (as a slot would
         // be overwritten), else to a free place. Either may go: the target holds the older copy
         // (the current one is durable) or a current one not yet durable (docs/FORMAT.md).
         let in_place = !placed || (new_len > 0 && new_len <= old_len);
@@ -241,7 +241,7 @@ impl Store {
         self.trim_lower(st)
     }
 
-    /// Formats 4 and 5: punches the places of copies whose cleared descriptors are durable now and
+    /// Formats 4 to 6: punches the places of copies whose cleared descriptors are durable now and
     /// makes them free for new copies; the lower file is cut after the last place and table it
     /// still needs.
     fn give_up_places(&self, st: &mut StoreState, places: Vec<(u64, Extent)>) -> FsResult<()> {
@@ -256,7 +256,7 @@ impl Store {
         self.trim_lower(st)
     }
 
-    /// Formats 4 and 5: cuts the lower file after the last place and table it still needs.
+    /// Formats 4 to 6: cuts the lower file after the last place and table it still needs.
     fn trim_lower(&self, st: &mut StoreState) -> FsResult<()> {
         let Some(frontier) = st.space.as_ref().map(Space::frontier) else { return Ok(()) };
         let records = self.layout.plain_size_to_records(st.size);
@@ -272,7 +272,7 @@ impl Store {
         Ok(())
     }
 
-    /// Formats 4 and 5: the (at most) `n` records whose current copies lie last on the lower file, the
+    /// Formats 4 to 6: the (at most) `n` records whose current copies lie last on the lower file, the
     /// last first, with their places (after a rewrite the new copies lie past the old ones,
     /// freed since).
     pub fn tail_copies(&self, st: &mut StoreState, n: usize) -> FsResult<Vec<(Extent, u64)>> {
@@ -295,7 +295,7 @@ impl Store {
         Ok(last)
     }
 
-    /// Formats 4 and 5: whether free space below `place` would hold its copy.
+    /// Formats 4 to 6: whether free space below `place` would hold its copy.
     pub fn room_below(&self, st: &mut StoreState, (at, len): Extent) -> FsResult<bool> {
         Ok(self.space(st)?.has_room_below(len, at))
     }
@@ -381,7 +381,7 @@ impl Store {
         Ok(())
     }
 
-    /// `discard_from` of formats 4 and 5: copies lie anywhere, so no cut of the lower file drops a
+    /// `discard_from` of formats 4 to 6: copies lie anywhere, so no cut of the lower file drops a
     /// record with its table. Every descriptor from `first` on is cleared: those of `first`'s
     /// own group one by one, every later group that holds any with one zeroed table (a cut of
     /// a large file writes a table per 32 records, not a descriptor per record; a table that
@@ -447,7 +447,7 @@ impl Store {
     }
 
     /// Whether the last record's only copy sits in its second slot (after a rewrite).
-    /// (Formats 4 and 5 have no second slot to sit in: a copy takes the first free place.)
+    /// (Formats 4 to 6 have no second slot to sit in: a copy takes the first free place.)
     pub fn tail_in_second_slot(&self, st: &mut StoreState, last: u64) -> FsResult<bool> {
         if self.layout.placed() {
             return Ok(false);

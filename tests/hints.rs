@@ -1,0 +1,188 @@
+//! Size hints (docs/FORMAT.md, "Size hints and runs"): a closed file's logical size kept on its
+//! lower file, so that a cold listing reads no headers; trusted only from runs that ended
+//! cleanly, and never left naming a size the header no longer records.
+
+mod common;
+
+use common::{compressible, Dirs, Mount};
+use densefs::format::hints::{RunRecord, SizeHint, RUN_RECORD_XATTR, SIZE_HINT_XATTR};
+use std::ffi::CString;
+use std::fs;
+use std::io::Write;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+
+fn cpath(path: &Path) -> CString {
+    CString::new(path.as_os_str().as_bytes()).unwrap()
+}
+
+/// An extended attribute of a lower file or directory, if it has it.
+fn lower_xattr(path: &Path, name: &str) -> Option<Vec<u8>> {
+    let (path, name) = (cpath(path), CString::new(name).unwrap());
+    let mut buf = vec![0u8; 256];
+    // SAFETY: both strings are NUL-terminated; getxattr writes at most buf.len() bytes.
+    let n = unsafe { libc::lgetxattr(path.as_ptr(), name.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+    (n >= 0).then(|| buf[..n as usize].to_vec())
+}
+
+fn set_lower_xattr(path: &Path, name: &str, value: &[u8]) {
+    let (path, name) = (cpath(path), CString::new(name).unwrap());
+    // SAFETY: both strings are NUL-terminated; setxattr reads value.len() bytes of `value`.
+    let r = unsafe { libc::lsetxattr(path.as_ptr(), name.as_ptr(), value.as_ptr().cast(), value.len(), 0) };
+    assert_eq!(r, 0, "setxattr: {}", std::io::Error::last_os_error());
+}
+
+fn remove_lower_xattr(path: &Path, name: &str) {
+    let (path, name) = (cpath(path), CString::new(name).unwrap());
+    // SAFETY: both strings are NUL-terminated.
+    unsafe { libc::lremovexattr(path.as_ptr(), name.as_ptr()) };
+}
+
+fn hint(lower_file: &Path) -> Option<SizeHint> {
+    lower_xattr(lower_file, SIZE_HINT_XATTR).map(|v| SizeHint::decode(&v).expect("a hint this densefs reads"))
+}
+
+fn run_record(lower: &Path) -> RunRecord {
+    RunRecord::decode(&lower_xattr(lower, RUN_RECORD_XATTR).expect("a run record")).expect("a record this densefs reads")
+}
+
+/// Bytes the daemon has read with read(2)-like calls so far (`rchar` of /proc/PID/io): header
+/// reads count, extended attributes and directory listings do not.
+fn daemon_bytes_read(m: &Mount) -> u64 {
+    let pid = m.child.as_ref().expect("a running daemon").id();
+    let io = fs::read_to_string(format!("/proc/{pid}/io")).unwrap();
+    io.lines().find_map(|l| l.strip_prefix("rchar: ")).unwrap().trim().parse().unwrap()
+}
+
+fn file_sizes(i: usize) -> usize {
+    [1, 700, 4_096, 20_000, 70_001, 150_000][i % 6] + i
+}
+
+#[test]
+fn a_cold_listing_takes_sizes_from_hints_and_reads_no_headers() {
+    const FILES: usize = 120;
+    let d = Dirs::new();
+    let m = Mount::new(&d.lower, &d.mnt, "compression=lz4,recordsize=16K");
+    fs::create_dir(m.path("dir")).unwrap();
+    for i in 0..FILES {
+        fs::write(m.path(&format!("dir/f{i}")), compressible(file_sizes(i), i as u64)).unwrap();
+    }
+    assert!(run_record(&d.lower).running, "a writing run marks itself running");
+    m.unmount();
+    assert!(!run_record(&d.lower).running, "a clean unmount marks the run ended");
+    for i in 0..FILES {
+        let h = hint(&d.lower.join(format!("dir/f{i}"))).unwrap_or_else(|| panic!("f{i} has no hint"));
+        assert_eq!((h.size, h.record_shift), (file_sizes(i) as u64, 14), "f{i}'s hint");
+        assert_eq!(h.lower_len, fs::metadata(d.lower.join(format!("dir/f{i}"))).unwrap().len(), "f{i}'s lower length");
+    }
+
+    // The listing a cold `ls -l` makes: sizes right, and no header read.
+    let listed = |m: &Mount| {
+        let before = daemon_bytes_read(m);
+        for e in fs::read_dir(m.path("dir")).unwrap() {
+            let e = e.unwrap();
+            let i: usize = e.file_name().to_str().unwrap()[1..].parse().unwrap();
+            assert_eq!(e.metadata().unwrap().len(), file_sizes(i) as u64, "f{i}'s size");
+        }
+        daemon_bytes_read(m) - before
+    };
+    let m = Mount::new(&d.lower, &d.mnt, "");
+    let with_hints = listed(&m);
+    assert_eq!(fs::read(m.path("dir/f5")).unwrap(), compressible(file_sizes(5), 5), "a hinted file reads back");
+    m.unmount();
+    assert!(with_hints < (FILES as u64) * 4096 / 8, "a cold listing read {with_hints} bytes of the lower files");
+
+    // Without hints the same listing reads every header (which shows the measure sees them).
+    for i in 0..FILES {
+        remove_lower_xattr(&d.lower.join(format!("dir/f{i}")), SIZE_HINT_XATTR);
+    }
+    let m = Mount::new(&d.lower, &d.mnt, "");
+    let without = listed(&m);
+    m.unmount();
+    assert!(without >= (FILES as u64) * 2048, "without hints the listing read only {without} bytes");
+    eprintln!("a cold listing of {FILES} files read {with_hints} bytes with hints, {without} without");
+}
+
+#[test]
+fn hints_written_up_to_a_run_cut_short_are_not_trusted() {
+    let d = Dirs::new();
+    let data = compressible(50_000, 1);
+    let m = Mount::new(&d.lower, &d.mnt, "compression=zstd-3");
+    fs::write(m.path("a"), &data).unwrap();
+    m.unmount();
+    // A hint its header contradicts, as a power cut can leave one (the hint kept, the header
+    // write it followed undone).
+    let lower_a = d.lower.join("a");
+    let mut stale = hint(&lower_a).unwrap();
+    stale.size = 12_345;
+    set_lower_xattr(&lower_a, SIZE_HINT_XATTR, &stale.encode().unwrap());
+    let m = Mount::new(&d.lower, &d.mnt, "");
+    assert_eq!(fs::metadata(m.path("a")).unwrap().len(), 12_345, "a clean run's hint is taken as it is");
+    m.kill();
+    let m = Mount::new(&d.lower, &d.mnt, "");
+    assert!(m.log_text().contains("did not end cleanly"), "the next run says so");
+    assert_eq!(fs::metadata(m.path("a")).unwrap().len(), 50_000, "after a run cut short, the header's size");
+    assert!(fs::read(m.path("a")).unwrap() == data);
+    m.unmount();
+    let m = Mount::new(&d.lower, &d.mnt, "ro");
+    assert_eq!(fs::metadata(m.path("a")).unwrap().len(), 50_000, "and in every run after it");
+    m.unmount();
+    let record = run_record(&d.lower);
+    assert!(stale.run < record.trusted_from && !record.running, "{record:?}");
+
+    // A hint of another tree (a lower copied in with its attributes) is not this tree's.
+    let m = Mount::new(&d.lower, &d.mnt, "");
+    fs::write(m.path("b"), &data).unwrap();
+    m.unmount();
+    let lower_b = d.lower.join("b");
+    let good = hint(&lower_b).unwrap();
+    let foreign = SizeHint { tree: good.tree.wrapping_add(1), size: 777, ..good };
+    set_lower_xattr(&lower_b, SIZE_HINT_XATTR, &foreign.encode().unwrap());
+    let m = Mount::new(&d.lower, &d.mnt, "");
+    assert_eq!(fs::metadata(m.path("b")).unwrap().len(), 50_000, "another tree's hint");
+    m.unmount();
+}
+
+#[test]
+fn a_file_whose_size_changes_never_keeps_a_hint_of_the_old_size() {
+    let d = Dirs::new();
+    let mut data = compressible(100_000, 2);
+    let m = Mount::new(&d.lower, &d.mnt, "compression=lz4,recordsize=16K");
+    fs::write(m.path("a"), &data).unwrap();
+    m.unmount();
+    let lower_a = d.lower.join("a");
+    assert_eq!(hint(&lower_a).unwrap().size, 100_000);
+
+    let m = Mount::new(&d.lower, &d.mnt, "");
+    let mut f = fs::OpenOptions::new().append(true).open(m.path("a")).unwrap();
+    let tail = compressible(5_000, 3);
+    f.write_all(&tail).unwrap();
+    data.extend_from_slice(&tail);
+    f.sync_all().unwrap(); // the header now records the new size
+    assert_eq!(hint(&lower_a), None, "the hint goes before the header records another size");
+    drop(f);
+    // (The kernel sends the last close's RELEASE without waiting for it.)
+    let hint_becomes =
+        |size: u64| common::wait_until(&format!("a hint of {size} bytes"), || hint(&lower_a).is_some_and(|h| h.size == size));
+    hint_becomes(105_000); // the last close writes the new one
+
+    // Cut through an open file, then by name (a file no handle holds).
+    fs::OpenOptions::new().write(true).open(m.path("a")).unwrap().set_len(70_000).unwrap();
+    data.truncate(70_000);
+    hint_becomes(70_000);
+    let path = cpath(&m.path("a"));
+    // SAFETY: `path` is NUL-terminated.
+    assert_eq!(unsafe { libc::truncate(path.as_ptr(), 30_000) }, 0);
+    data.truncate(30_000);
+    hint_becomes(30_000);
+    // Emptied, the lower file is empty, and keeps no hint.
+    fs::write(m.path("a"), b"").unwrap();
+    common::wait_until("an empty lower file without a hint", || fs::metadata(&lower_a).unwrap().len() == 0 && hint(&lower_a).is_none());
+    fs::write(m.path("a"), &data).unwrap();
+    m.unmount();
+    assert_eq!(hint(&lower_a).unwrap().size, 30_000);
+    let m = Mount::new(&d.lower, &d.mnt, "");
+    assert_eq!(fs::metadata(m.path("a")).unwrap().len(), 30_000);
+    assert!(fs::read(m.path("a")).unwrap() == data);
+    m.unmount();
+}
