@@ -8,7 +8,8 @@ use common::{compressible, Dirs, Mount};
 use densefs::format::hints::{RunRecord, SizeHint, RUN_RECORD_XATTR, SIZE_HINT_XATTR};
 use std::ffi::CString;
 use std::fs;
-use std::io::Write;
+use std::io::{Read, Write};
+use std::os::fd::AsRawFd;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
@@ -184,5 +185,59 @@ fn a_file_whose_size_changes_never_keeps_a_hint_of_the_old_size() {
     let m = Mount::new(&d.lower, &d.mnt, "");
     assert_eq!(fs::metadata(m.path("a")).unwrap().len(), 30_000);
     assert!(fs::read(m.path("a")).unwrap() == data);
+    m.unmount();
+}
+
+/// Whether the first page of a lower file is in the page cache.
+fn header_cached(path: &Path) -> bool {
+    let f = fs::File::open(path).unwrap();
+    // SAFETY: the mount is idle while the page is mapped; mincore writes one byte per page.
+    let map = unsafe { memmap2::MmapOptions::new().len(4096).map(&f) }.unwrap();
+    let mut resident = [0u8; 1];
+    assert_eq!(unsafe { libc::mincore(map.as_ptr() as *mut libc::c_void, 4096, resident.as_mut_ptr()) }, 0);
+    resident[0] & 1 != 0
+}
+
+/// Drops a lower file's pages from the page cache.
+fn evict(path: &Path) {
+    let f = fs::File::open(path).unwrap();
+    // SAFETY: posix_fadvise only reads its integer arguments.
+    assert_eq!(unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) }, 0);
+}
+
+/// A listing that took its sizes from hints read no headers, so a program opening the files
+/// it listed, in order (`find | xargs cat`), would wait for each header in turn: its first
+/// open asks for the headers of the files listed after it instead.
+#[test]
+fn opening_listed_files_in_order_reads_the_next_headers_ahead() {
+    let d = Dirs::new();
+    let mut sfs: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: statfs writes into the struct it is given; the path is NUL-terminated.
+    assert_eq!(unsafe { libc::statfs(cpath(&d.lower).as_ptr(), &mut sfs) }, 0);
+    if sfs.f_type == libc::TMPFS_MAGIC {
+        eprintln!("skipped: the test directory is on tmpfs, whose pages cannot be dropped");
+        return;
+    }
+    let m = Mount::new(&d.lower, &d.mnt, "compression=lz4");
+    fs::create_dir(m.path("dir")).unwrap();
+    for i in 0..100 {
+        fs::write(m.path(&format!("dir/f{i}")), compressible(30_000, i)).unwrap();
+    }
+    m.unmount();
+    let m = Mount::new(&d.lower, &d.mnt, "");
+    let names: Vec<String> = fs::read_dir(d.lower.join("dir")).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+    for name in &names {
+        let lower = d.lower.join("dir").join(name);
+        fs::File::open(&lower).unwrap().sync_all().unwrap();
+        evict(&lower);
+    }
+    let listed: Vec<String> = fs::read_dir(m.path("dir")).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+    let cached = |names: &[String]| names.iter().filter(|n| header_cached(&d.lower.join("dir").join(n))).count();
+    assert_eq!(cached(&listed), 0, "the listing read headers");
+    let mut first = Vec::new();
+    fs::File::open(m.path(&format!("dir/{}", listed[0]))).unwrap().read_to_end(&mut first).unwrap();
+    let next = &listed[1..33];
+    common::wait_until("the next files' headers cached", || cached(next) == next.len());
+    assert!(cached(&listed[70..]) < 10, "far beyond the batch: {} of 30 cached", cached(&listed[70..]));
     m.unmount();
 }

@@ -99,7 +99,10 @@ impl DenseFs {
                 return self.new_container(inode.file().clone(), Some(mtime), &settings());
             }
             Some(_) => inode.file().clone(),
-            None => self.content_file(inode, writable)?,
+            None => {
+                self.read_listed_ahead(inode.nodeid);
+                self.content_file(inode, writable)?
+            }
         };
         // The properties of the directory the file is in decide how it is written.
         let settings = settings();

@@ -168,6 +168,8 @@ pub struct DenseFs {
     settling: Mutex<HashMap<u64, (std::sync::Weak<Inode>, std::time::Instant)>>,
     /// Listings read further than their replies took, for the READDIRs that go on with them.
     cursors: namespace::Cursors,
+    /// Files listings spared header reads, for the opens that follow (`read_listed_ahead`).
+    listed: namespace::Listed,
     /// Size hints: set by `begin_run` (none for a core without a mount, or a lower that keeps
     /// no run record).
     hints: std::sync::OnceLock<hints::Hints>,
@@ -223,6 +225,7 @@ impl DenseFs {
             drop_kernel_cache: std::sync::OnceLock::new(),
             kernel_attr_drops: AtomicU64::new(0),
             cursors: Default::default(),
+            listed: Default::default(),
             settling: Mutex::new(HashMap::new()),
             daemon_ids: (lower::geteuid(), lower::getegid()),
             last_report: Mutex::new(None),

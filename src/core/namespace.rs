@@ -5,7 +5,7 @@ use super::lower::{self, cstr};
 use super::{Attr, Caller, DenseFs, DirEntry, FsError, FsResult, Kind};
 use crate::format::layout::HEADER_BLOCK;
 use parking_lot::Mutex;
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::ffi::OsStr;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
@@ -38,6 +38,62 @@ struct Listing {
     stream: lower::DirStream,
     /// The position after the last entry handed out.
     position: u64,
+}
+
+/// Files listings looked up without reading their headers (a trusted size hint answered),
+/// in the order listed, across directories: a program that opens them next in that order
+/// (`find | xargs cat`, `tar c`, a backup) gets their headers read a batch ahead of its opens,
+/// as the listings used to read them (`DenseFs::read_listed_ahead`); a listing alone (`ls -l`,
+/// `du`) reads none. The order spans directories because most hold a few files: ahead of
+/// the last files of one directory lie the first of the next one listed.
+#[derive(Default)]
+pub struct Listed(Mutex<ListedOrder>);
+
+#[derive(Default)]
+struct ListedOrder {
+    /// Node ids in listing order; `files[i]` has position `first + i`.
+    files: VecDeque<u64>,
+    first: u64,
+    /// Each file's latest position.
+    at: HashMap<u64, u64>,
+    /// Positions below this had their headers asked for.
+    ahead: u64,
+}
+
+/// Files remembered (8 bytes each, twice): a `find | xargs cat` opens files while `find`
+/// lists further on.
+const LISTED_FILES: usize = 1 << 16;
+/// How many files' headers an open asks for ahead of it (once fewer than half are).
+const LISTED_AHEAD: u64 = 64;
+
+impl Listed {
+    fn push(&self, file: u64) {
+        let mut l = self.0.lock();
+        let position = l.first + l.files.len() as u64;
+        l.files.push_back(file);
+        l.at.insert(file, position);
+        if l.files.len() > LISTED_FILES {
+            let oldest = l.files.pop_front().expect("not empty");
+            let first = l.first;
+            if l.at.get(&oldest) == Some(&first) {
+                l.at.remove(&oldest);
+            }
+            l.first += 1;
+        }
+    }
+
+    /// `file` is being opened: the files listed after it whose headers to ask for now.
+    fn ahead_of(&self, file: u64) -> Vec<u64> {
+        let mut l = self.0.lock();
+        let Some(&at) = l.at.get(&file) else { return Vec::new() };
+        if at + LISTED_AHEAD / 2 < l.ahead && at + LISTED_AHEAD * 2 > l.ahead {
+            return Vec::new(); // enough asked for ahead of it already
+        }
+        let start = if l.ahead > at + 1 && l.ahead < at + LISTED_AHEAD { l.ahead } else { at + 1 };
+        let end = (at + 1 + LISTED_AHEAD).min(l.first + l.files.len() as u64);
+        l.ahead = end;
+        (start..end).filter_map(|p| l.files.get((p - l.first) as usize).copied()).collect()
+    }
 }
 
 /// Parked listings, at most [`CURSORS`] (each holds a descriptor of the lower directory).
@@ -346,7 +402,7 @@ impl DenseFs {
             }
             let mut opened = self.read_headers_ahead(&dir, batch.iter().map(|(_, e)| e));
             while let Some((next, entry)) = batch.pop_front() {
-                let opened_ahead = opened.pop_front().flatten();
+                let (opened_ahead, hinted) = opened.pop_front().flatten().map_or((None, false), |(fd, hinted)| (Some(fd), hinted));
                 let linked = entry.name != "." && entry.name != "..";
                 let attr = if !linked {
                     // Not linked by the kernel: no lookup.
@@ -383,6 +439,9 @@ impl DenseFs {
                     return Ok(());
                 }
                 listing.handed_out(next);
+                if hinted {
+                    self.listed.push(attr.ino);
+                }
                 emitted = true;
             }
         }
@@ -391,8 +450,8 @@ impl DenseFs {
     /// Opens the regular files of `batch` that no inode holds yet and starts reading the header
     /// blocks of those without a trusted size hint, without waiting: a cold `ls -l` waits for
     /// one header read per such file, and these are in flight together instead of one by one.
-    /// One slot per entry of `batch`.
-    fn read_headers_ahead<'a>(&self, dir: &Node, batch: impl Iterator<Item = &'a DirEntry>) -> VecDeque<Option<OwnedFd>> {
+    /// One slot per entry of `batch`: the descriptor, and whether a hint spared its header read.
+    fn read_headers_ahead<'a>(&self, dir: &Node, batch: impl Iterator<Item = &'a DirEntry>) -> VecDeque<Option<(OwnedFd, bool)>> {
         let dev = dir.lower_id().0;
         batch
             .map(|entry| {
@@ -400,12 +459,27 @@ impl DenseFs {
                     return None;
                 }
                 let fd = lower::open_readable(dir.raw_fd(), &entry.name).ok()?;
-                if !self.has_trusted_hint(lower::XattrOn::Fd(fd.as_fd())) {
+                let hinted = self.has_trusted_hint(lower::XattrOn::Fd(fd.as_fd()));
+                if !hinted {
                     let _ = lower::will_need(&fd, 0, HEADER_BLOCK);
                 }
-                Some(fd)
+                Some((fd, hinted))
             })
             .collect()
+    }
+
+    /// A closed file is being opened: if listings spared the headers of the files listed
+    /// after it (size hints), a batch of them is asked for now, without waiting.
+    pub(super) fn read_listed_ahead(&self, file: u64) {
+        for nodeid in self.listed.ahead_of(file) {
+            let Some(inode) = self.inodes.get(nodeid) else { continue };
+            if inode.open.lock().content.is_some() {
+                continue;
+            }
+            if let Some(fd) = inode.cached_fd() {
+                let _ = lower::will_need(&*fd, 0, HEADER_BLOCK);
+            }
+        }
     }
 
     pub fn fsyncdir(&self, nodeid: u64) -> FsResult<()> {
@@ -419,5 +493,42 @@ impl DenseFs {
     pub fn lower_path(&self, nodeid: u64) -> FsResult<PathBuf> {
         let inode = self.inode(nodeid)?;
         Ok(std::fs::read_link(format!("/proc/self/fd/{}", inode.raw_fd()))?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Listed, LISTED_AHEAD, LISTED_FILES};
+
+    #[test]
+    fn an_open_asks_for_the_headers_listed_after_it_a_batch_at_a_time() {
+        let listed = Listed::default();
+        for file in 100..400 {
+            listed.push(file);
+        }
+        let batch = |from: u64, n: u64| (from..from + n).collect::<Vec<u64>>();
+        assert_eq!(listed.ahead_of(100), batch(101, LISTED_AHEAD), "the first open: a batch after it");
+        assert_eq!(listed.ahead_of(101), Vec::<u64>::new(), "enough ahead already");
+        // Half way through the batch, the next one, from where the last ended.
+        assert_eq!(listed.ahead_of(140), batch(101 + LISTED_AHEAD, 140 + 1 + LISTED_AHEAD - (101 + LISTED_AHEAD)));
+        assert_eq!(listed.ahead_of(1000), Vec::<u64>::new(), "a file no listing spared");
+        // A jump past what was asked for starts after the file opened; the end of the listing stops it.
+        assert_eq!(listed.ahead_of(380), batch(381, 19));
+    }
+
+    #[test]
+    fn a_listing_keeps_the_latest_files_and_the_latest_place_of_each() {
+        let listed = Listed::default();
+        for file in 0..LISTED_FILES as u64 + 10 {
+            listed.push(file);
+        }
+        assert_eq!(listed.ahead_of(5), Vec::<u64>::new(), "forgotten: listed too long ago");
+        assert_eq!(listed.ahead_of(10), (11..11 + LISTED_AHEAD).collect::<Vec<u64>>());
+        // Listed again (a second `ls`), a file counts from its new place.
+        let listed = Listed::default();
+        for file in [1, 2, 3, 1, 7, 8] {
+            listed.push(file);
+        }
+        assert_eq!(listed.ahead_of(1), vec![7, 8]);
     }
 }
