@@ -207,7 +207,7 @@ fn evict(path: &Path) {
 
 /// A listing that took its sizes from hints read no headers, so a program opening the files
 /// it listed, in order (`find | xargs cat`), would wait for each header in turn: its first
-/// open asks for the headers of the files listed after it instead.
+/// open asks for the starts of the files listed after it instead.
 #[test]
 fn opening_listed_files_in_order_reads_the_next_headers_ahead() {
     let d = Dirs::new();

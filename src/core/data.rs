@@ -82,7 +82,7 @@ fn timespec(t: Option<SetTime>) -> libc::timespec {
 }
 
 /// How much of a lower file's start a reader's open reads ahead: the header and first records.
-const READER_START: u64 = 128 * 1024;
+pub(super) const READER_START: u64 = 128 * 1024;
 
 impl DenseFs {
     /// Builds the shared content of a regular file: a container, or the plain lower file.

@@ -42,9 +42,10 @@ struct Listing {
 
 /// Files listings looked up without reading their headers (a trusted size hint answered),
 /// in the order listed, across directories: a program that opens them next in that order
-/// (`find | xargs cat`, `tar c`, a backup) gets their headers read a batch ahead of its opens,
-/// as the listings used to read them (`DenseFs::read_listed_ahead`); a listing alone (`ls -l`,
-/// `du`) reads none. The order spans directories because most hold a few files: ahead of
+/// (`find | xargs cat`, `tar c`, a backup) gets their starts (header and first records, what a
+/// reader's open reads ahead) read a batch ahead of its opens (`DenseFs::read_listed_ahead`),
+/// where the listings used to read their headers one by one; a listing alone (`ls -l`, `du`)
+/// reads none. The order spans directories because most hold a few files: ahead of
 /// the last files of one directory lie the first of the next one listed.
 #[derive(Default)]
 pub struct Listed(Mutex<ListedOrder>);
@@ -63,7 +64,7 @@ struct ListedOrder {
 /// Files remembered (8 bytes each, twice): a `find | xargs cat` opens files while `find`
 /// lists further on.
 const LISTED_FILES: usize = 1 << 16;
-/// How many files' headers an open asks for ahead of it (once fewer than half are).
+/// How many files' starts an open asks for ahead of it (once fewer than half are).
 const LISTED_AHEAD: u64 = 64;
 
 impl Listed {
@@ -82,7 +83,7 @@ impl Listed {
         }
     }
 
-    /// `file` is being opened: the files listed after it whose headers to ask for now.
+    /// `file` is being opened: the files listed after it whose starts to ask for now.
     fn ahead_of(&self, file: u64) -> Vec<u64> {
         let mut l = self.0.lock();
         let Some(&at) = l.at.get(&file) else { return Vec::new() };
@@ -469,7 +470,8 @@ impl DenseFs {
     }
 
     /// A closed file is being opened: if listings spared the headers of the files listed
-    /// after it (size hints), a batch of them is asked for now, without waiting.
+    /// after it (size hints), the starts of a batch of them (header and first records, as a
+    /// reader's own open asks for) are asked for now, without waiting.
     pub(super) fn read_listed_ahead(&self, file: u64) {
         for nodeid in self.listed.ahead_of(file) {
             let Some(inode) = self.inodes.get(nodeid) else { continue };
@@ -477,7 +479,7 @@ impl DenseFs {
                 continue;
             }
             if let Some(fd) = inode.cached_fd() {
-                let _ = lower::will_need(&*fd, 0, HEADER_BLOCK);
+                let _ = lower::will_need(&*fd, 0, super::data::READER_START);
             }
         }
     }
@@ -501,7 +503,7 @@ mod tests {
     use super::{Listed, LISTED_AHEAD, LISTED_FILES};
 
     #[test]
-    fn an_open_asks_for_the_headers_listed_after_it_a_batch_at_a_time() {
+    fn an_open_asks_for_the_files_listed_after_it_a_batch_at_a_time() {
         let listed = Listed::default();
         for file in 100..400 {
             listed.push(file);
