@@ -150,7 +150,6 @@ pub(super) fn serve(
         Err(e) => return Err(fail(&mut ready, e.to_string())),
     };
     fs.connect_memory_budget();
-    fs.begin_run(!config.read_only());
     let mut fuse_config = fuser::Config::default();
     fuse_config.mount_options =
         vec![MountOption::FSName(lower.display().to_string()), MountOption::Subtype("densefs".into()), MountOption::DefaultPermissions];
@@ -247,6 +246,9 @@ pub(super) fn serve(
         config.options.properties.compression,
         config.options.properties.layout.record_size() / 1024
     );
+    // Mounted: only now does this run count as one (a mount that fails leaves the record as
+    // the last run left it, and its hints trusted).
+    fs.begin_run(!config.read_only());
     if let Some(mut pipe) = ready.take() {
         let _ = pipe.write_all(b"ok");
         drop(pipe);
