@@ -241,3 +241,21 @@ fn opening_listed_files_in_order_reads_the_next_headers_ahead() {
     assert!(cached(&listed[70..]) < 10, "far beyond the batch: {} of 30 cached", cached(&listed[70..]));
     m.unmount();
 }
+
+/// A daemon whose lower another took over (multihost: it stalled) must not record its own
+/// clean end over the other run's record: that would hide how the other run ends.
+#[test]
+fn a_run_whose_record_another_run_took_leaves_it_alone() {
+    let d = Dirs::new();
+    let m = Mount::new(&d.lower, &d.mnt, "");
+    fs::write(m.path("a"), compressible(10_000, 1)).unwrap();
+    let ours = run_record(&d.lower);
+    let theirs = RunRecord { run: ours.run + 1, ..ours };
+    set_lower_xattr(&d.lower, RUN_RECORD_XATTR, &theirs.encode());
+    m.unmount();
+    assert_eq!(run_record(&d.lower), theirs, "the other run's record");
+    // Without the takeover, the same unmount records the end.
+    let m = Mount::new(&d.lower, &d.mnt, "");
+    m.unmount();
+    assert!(!run_record(&d.lower).running);
+}

@@ -105,7 +105,15 @@ impl DenseFs {
     /// lower file system after the last write back), so its hints are trusted from now on.
     pub fn end_run(&self) {
         let Some(record) = self.hints.get().and_then(|h| h.writing) else { return };
-        let result = File::open(&self.lower_root).and_then(|root| write_record(&root, &record.end()));
+        let result = File::open(&self.lower_root).and_then(|root| {
+            // Another daemon took the lower over meanwhile (multihost: this one stalled): the
+            // record is its run's now, and this run's end must not hide how that one ends.
+            if read_record(&root) != Some(record) {
+                tracing::warn!("the lower's run record is another run's now: this run's end is not recorded");
+                return Ok(());
+            }
+            write_record(&root, &record.end())
+        });
         if let Err(e) = result {
             tracing::warn!("cannot record the clean end of this run ({e}): the next one will read headers for sizes");
         }
