@@ -78,11 +78,19 @@ pub fn drop_size_hint(file: &File) -> std::io::Result<()> {
 }
 
 impl DenseFs {
+    /// The lower root directory, opened through the descriptor the daemon took before
+    /// mounting: its path may lead to this very mount (a mount over the lower directory itself),
+    /// which does not answer yet when a run begins.
+    fn lower_root_dir(&self) -> std::io::Result<File> {
+        let root = self.inode(super::ROOT).map_err(|e| std::io::Error::from_raw_os_error(e.errno))?;
+        lower::reopen(root.raw_fd(), libc::O_RDONLY | libc::O_DIRECTORY).map(File::from)
+    }
+
     /// Starts this run's use of hints: a writing run records itself in the lower root (and
     /// trusts its own hints); a read-only one reads the record. Without a record it can keep
     /// (no user xattrs on the lower), a run uses no hints.
     pub fn begin_run(&self, writable: bool) {
-        let Ok(root) = File::open(&self.lower_root) else { return };
+        let Ok(root) = self.lower_root_dir() else { return };
         let previous = read_record(&root);
         let hints = if writable {
             let record = RunRecord::begin(previous, random_tree_id());
@@ -105,7 +113,7 @@ impl DenseFs {
     /// lower file system after the last write back), so its hints are trusted from now on.
     pub fn end_run(&self) {
         let Some(record) = self.hints.get().and_then(|h| h.writing) else { return };
-        let result = File::open(&self.lower_root).and_then(|root| {
+        let result = self.lower_root_dir().and_then(|root| {
             // Another daemon took the lower over meanwhile (multihost: this one stalled): the
             // record is its run's now, and this run's end must not hide how that one ends.
             if read_record(&root) != Some(record) {
