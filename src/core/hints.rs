@@ -83,7 +83,7 @@ impl DenseFs {
     /// which does not answer yet when a run begins.
     fn lower_root_dir(&self) -> std::io::Result<File> {
         let root = self.inode(super::ROOT).map_err(|e| std::io::Error::from_raw_os_error(e.errno))?;
-        lower::reopen(root.raw_fd(), libc::O_RDONLY | libc::O_DIRECTORY).map(File::from)
+        lower::reopen(root.raw_fd(), libc::O_RDONLY | libc::O_DIRECTORY)
     }
 
     /// Starts this run's use of hints: a writing run records itself in the lower root (and
