@@ -309,7 +309,13 @@ impl DenseFs {
             Handle { inode, content, .. } if content.nameless(inode) => Ok(()),
             Handle { inode, content: Content::Container(c), writable: true } => {
                 c.flush()?;
-                self.publish_lower_changes(inode, c);
+                let mut open = inode.open.lock();
+                // The only handle: its close leaves the file as it is now, so its size hint goes
+                // on while close(2) waits (the RELEASE after it is not waited for).
+                let hinted = open.handles == 1 && self.record_size_hint(c);
+                if c.take_lower_changed() || hinted {
+                    self.lower_changed(inode, &mut open);
+                }
                 Ok(())
             }
             _ => Ok(()),
@@ -361,8 +367,8 @@ impl DenseFs {
                 open.content = Some(Content::Container(c));
                 return;
             }
-            self.record_size_hint(&c);
-            if c.take_lower_changed() {
+            let hinted = self.record_size_hint(&c);
+            if c.take_lower_changed() || hinted {
                 self.lower_changed(inode, &mut open);
             } else {
                 self.note_written_back(&mut open);
@@ -400,11 +406,12 @@ impl DenseFs {
         let content = self.load_content(inode, true, None)?;
         let result = f(&content);
         let flushed = match &content {
-            Content::Container(c) => c.flush().inspect(|()| self.record_size_hint(c)),
-            Content::Plain(_) => Ok(()),
+            Content::Container(c) => c.flush().map(|()| self.record_size_hint(c)),
+            Content::Plain(_) => Ok(false),
         };
+        let hinted = flushed.as_ref().is_ok_and(|&h| h);
         match &content {
-            Content::Container(c) if c.take_lower_changed() => self.lower_changed(&inode.inode, &mut open),
+            Content::Container(c) if c.take_lower_changed() || hinted => self.lower_changed(&inode.inode, &mut open),
             _ => self.note_written_back(&mut open),
         }
         drop(open);
