@@ -397,6 +397,11 @@ impl Container {
         settled.then(|| (st.store.size, self.layout().record_shift()))
     }
 
+    /// The lower file carries a size hint now (`StoreState::size_hint_written`).
+    pub fn size_hint_written(&self) {
+        self.state.lock().store.size_hint_written();
+    }
+
     /// What log lines call the file.
     pub fn label(&self) -> String {
         self.store.label()

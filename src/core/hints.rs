@@ -4,8 +4,9 @@
 //! Rules that keep a hint true (docs/FORMAT.md, "Size hints and runs"):
 //! - a writing run marks itself running in the record, durably, before it writes any hint,
 //!   and marks itself ended only after its last write back and a `syncfs` of the lower;
-//! - a hint is written when a file's last handle closes, once its header on the lower records
-//!   the size the file has;
+//! - a hint is written when a file's last handle closes (at the FLUSH of its only handle,
+//!   which close(2) waits for, else at the last RELEASE), once its header on the lower
+//!   records the size the file has;
 //! - before a header records another size, the store removes the file's hint (`Store`), so a
 //!   run never leaves a hint behind that its own header contradicts.
 //!
@@ -154,6 +155,9 @@ impl DenseFs {
         let Ok(st) = lower::stat_fd(std::os::fd::AsRawFd::as_raw_fd(&**file)) else { return false };
         let hint = SizeHint { tree: record.tree, run: record.run, size, record_shift, lower_len: st.st_size as u64 };
         let Some(value) = hint.encode() else { return false };
+        // From here on the file may carry a hint, which the store must remove before its header
+        // records another size (a FLUSH leaves the store open: writes may follow).
+        c.size_hint_written();
         if read_hint(XattrOn::Fd(file.as_fd())) == Some(hint) {
             return false;
         }

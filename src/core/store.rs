@@ -168,6 +168,12 @@ impl StoreState {
         (self.mtime, self.ctime)
     }
 
+    /// The lower file carries a size hint now (the daemon wrote it while the store lives on:
+    /// a FLUSH): a header recording another size removes it first.
+    pub fn size_hint_written(&mut self) {
+        self.size_hint_may_exist = true;
+    }
+
     /// The size the header on the lower file records, if it has one.
     pub fn recorded_size(&self) -> Option<u64> {
         self.header_on_disk.then_some(self.persisted_size)
