@@ -398,8 +398,8 @@ impl Container {
     }
 
     /// The lower file carries a size hint now (`StoreState::size_hint_written`).
-    pub fn size_hint_written(&self) {
-        self.state.lock().store.size_hint_written();
+    pub fn size_hint_written(&self, written: bool) {
+        self.state.lock().store.size_hint_written(written);
     }
 
     /// What log lines call the file.

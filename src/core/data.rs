@@ -309,13 +309,12 @@ impl DenseFs {
             Handle { inode, content, .. } if content.nameless(inode) => Ok(()),
             Handle { inode, content: Content::Container(c), writable: true } => {
                 c.flush()?;
-                let mut open = inode.open.lock();
                 // The only handle: its close leaves the file as it is now, so its size hint goes
                 // on while close(2) waits (the RELEASE after it is not waited for).
-                let hinted = open.handles == 1 && self.record_size_hint(c);
-                if c.take_lower_changed() || hinted {
-                    self.lower_changed(inode, &mut open);
+                if inode.open.lock().handles == 1 {
+                    self.record_size_hint(c);
                 }
+                self.publish_lower_changes(inode, c);
                 Ok(())
             }
             _ => Ok(()),
@@ -367,8 +366,8 @@ impl DenseFs {
                 open.content = Some(Content::Container(c));
                 return;
             }
-            let hinted = self.record_size_hint(&c);
-            if c.take_lower_changed() || hinted {
+            self.record_size_hint(&c);
+            if c.take_lower_changed() {
                 self.lower_changed(inode, &mut open);
             } else {
                 self.note_written_back(&mut open);
@@ -406,12 +405,11 @@ impl DenseFs {
         let content = self.load_content(inode, true, None)?;
         let result = f(&content);
         let flushed = match &content {
-            Content::Container(c) => c.flush().map(|()| self.record_size_hint(c)),
-            Content::Plain(_) => Ok(false),
+            Content::Container(c) => c.flush().inspect(|()| self.record_size_hint(c)),
+            Content::Plain(_) => Ok(()),
         };
-        let hinted = flushed.as_ref().is_ok_and(|&h| h);
         match &content {
-            Content::Container(c) if c.take_lower_changed() || hinted => self.lower_changed(&inode.inode, &mut open),
+            Content::Container(c) if c.take_lower_changed() => self.lower_changed(&inode.inode, &mut open),
             _ => self.note_written_back(&mut open),
         }
         drop(open);

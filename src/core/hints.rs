@@ -146,27 +146,24 @@ impl DenseFs {
 
     /// Gives a file whose last handle is closing the hint of its size, once its header records
     /// it (a failed write back leaves none). Best effort: a file without one reads its header.
-    /// Returns whether it wrote one (which moves the lower file's ctime: the kernel's copy of
-    /// the attributes is to be dropped); a hint already there as it would be is left alone.
-    pub(super) fn record_size_hint(&self, c: &Container) -> bool {
-        let Some(record) = self.hints.get().and_then(|h| h.writing) else { return false };
-        let Some((size, record_shift)) = c.settled_size() else { return false };
+    /// A hint already there as it would be is left alone; one written counts as a change of the
+    /// lower file (its ctime moved), which `Container::take_lower_changed` reports.
+    pub(super) fn record_size_hint(&self, c: &Container) {
+        let Some(record) = self.hints.get().and_then(|h| h.writing) else { return };
+        let Some((size, record_shift)) = c.settled_size() else { return };
         let file = c.lower_file();
-        let Ok(st) = lower::stat_fd(std::os::fd::AsRawFd::as_raw_fd(&**file)) else { return false };
+        let Ok(st) = lower::stat_fd(std::os::fd::AsRawFd::as_raw_fd(&**file)) else { return };
         let hint = SizeHint { tree: record.tree, run: record.run, size, record_shift, lower_len: st.st_size as u64 };
-        let Some(value) = hint.encode() else { return false };
+        let Some(value) = hint.encode() else { return };
         // From here on the file may carry a hint, which the store must remove before its header
         // records another size (a FLUSH leaves the store open: writes may follow).
-        c.size_hint_written();
         if read_hint(XattrOn::Fd(file.as_fd())) == Some(hint) {
-            return false;
+            c.size_hint_written(false);
+            return;
         }
-        match lower::fsetxattr(file, HINT_NAME, &value, 0) {
-            Ok(()) => true,
-            Err(e) => {
-                tracing::debug!("no size hint for {}: {e}", c.label());
-                false
-            }
+        c.size_hint_written(true);
+        if let Err(e) = lower::fsetxattr(file, HINT_NAME, &value, 0) {
+            tracing::debug!("no size hint for {}: {e}", c.label());
         }
     }
 }

@@ -168,10 +168,12 @@ impl StoreState {
         (self.mtime, self.ctime)
     }
 
-    /// The lower file carries a size hint now (the daemon wrote it while the store lives on:
-    /// a FLUSH): a header recording another size removes it first.
-    pub fn size_hint_written(&mut self) {
+    /// The lower file carries a size hint now (the daemon may write it while the store lives
+    /// on: a FLUSH): a header recording another size removes it first. `written`: this call
+    /// wrote it, which moved the lower's ctime (a change to publish, as a landing's).
+    pub fn size_hint_written(&mut self, written: bool) {
         self.size_hint_may_exist = true;
+        self.unpublished_changes |= written;
     }
 
     /// The size the header on the lower file records, if it has one.
