@@ -83,7 +83,7 @@ impl DenseFs {
     /// mounting: its path may lead to this very mount (a mount over the lower directory itself),
     /// which does not answer yet when a run begins.
     fn lower_root_dir(&self) -> std::io::Result<File> {
-        let root = self.inode(super::ROOT).map_err(|e| std::io::Error::from_raw_os_error(e.errno))?;
+        let root = self.inodes.node(super::ROOT)?;
         lower::reopen(root.raw_fd(), libc::O_RDONLY | libc::O_DIRECTORY)
     }
 
