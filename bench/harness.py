@@ -220,7 +220,8 @@ class Meter:
         ours = set(self.pids) | {os.getpid()}
         self.r["foreign_cpu_s"] = sum(t for t, (pid, _), kt in used if not kt and pid not in ours) / CLK
         self.r.update(seconds=t, cpu_user_s=(user + nice) / CLK, cpu_sys_s=(system + irq + softirq) / CLK,
-                      cpu_iowait_s=iowait / CLK, cpu_busy_s=busy / CLK, cpu_util=busy / total, fs_cpu_s=fs)
+                      cpu_iowait_s=iowait / CLK, cpu_busy_s=busy / CLK, cpu_util=busy / total, fs_cpu_s=fs,
+                      cpu_steal_s=steal / CLK)
         return False
 
 
@@ -785,6 +786,11 @@ def exp_read(system, src, dst, cpus, verify):
     return r
 
 
+def steals(runs):
+    """Each run's CPU seconds the VM's host took from the cores in use (/proc/stat's steal)."""
+    return [r.get("cpu_steal_s", 0.0) for r in runs]
+
+
 def best_run(runs):
     """The fastest of the runs: on a shared machine, other work only ever adds time."""
     return min(runs, key=lambda r: r["seconds"])
@@ -806,7 +812,8 @@ def exp_copy_read(system, src, ds, cpus, args):
             if copies[0]["seconds"] + reads[0]["seconds"] > args.rep_limit:
                 break
         rec.update(copy=best_run(copies), read=best_run(reads), runs=len(copies),
-                   copy_all_s=[c["seconds"] for c in copies], read_all_s=[r["seconds"] for r in reads])
+                   copy_all_s=[c["seconds"] for c in copies], read_all_s=[r["seconds"] for r in reads],
+                   copy_all_steal_s=steals(copies), read_all_steal_s=steals(reads))
         c, rd = rec["copy"], rec["read"]
         log(f"{system.name:18} {ds:6} {len(cpus)}c x{len(copies)}: copy {c['seconds']:6.2f}s "
             f"ratio {rec['ratio']:.2f} read {rd['seconds']:5.2f}s cpu {c['cpu_busy_s']:.1f}s "
@@ -879,7 +886,7 @@ def exp_samtools(system, sam, cpus, reps):
         sorts.append(r)
         (d / "out.bam").unlink()
     shutil.rmtree(d, ignore_errors=True)
-    return dict(best_run(sorts), all_s=[r["seconds"] for r in sorts])
+    return dict(best_run(sorts), all_s=[r["seconds"] for r in sorts], all_steal_s=steals(sorts))
 
 
 # ----------------------------------------------------------------------------- phases
@@ -1198,6 +1205,7 @@ def main(argv):
         "experiments": args.experiments, "workload_systems": [s.id for s in systems if s.id in env.wl_systems],
         "fsync_size": env.fsync_size, "fsync_runtime_s": env.fsync_runtime, "idle": idle_policy(),
     }
+    steal_start = cpu_ticks(set(range(os.cpu_count() or 1)))[7]
     for s in systems:
         res["systems"][s.id] = {"name": s.name, "family": s.family, "alg": s.alg}
     try:
@@ -1217,6 +1225,7 @@ def main(argv):
         CLEAN.all()
         res["meta"]["seconds"] = time.time() - started
         res["meta"]["loadavg_end"] = os.getloadavg()
+        res["meta"]["steal_s"] = (cpu_ticks(set(range(os.cpu_count() or 1)))[7] - steal_start) / CLK
         (outdir / "results.json").write_text(json.dumps(res, indent=1, default=str))
         log(f"wrote {outdir / 'results.json'}")
     report.make(res, outdir)

@@ -47,9 +47,16 @@ def cost_eff(mb_s, ratio, util):
     return mb_s * ratio / util
 
 
+def run_list(secs, steals=()):
+    """Every run's seconds, e.g. `0.29 0.40 0.44`; a run the VM's host took CPU from (steal, 0.05 s
+    or more) says how much: `3.98 (0.6 stolen)`."""
+    steals = list(steals) + [0.0] * (len(secs) - len(steals))  # results from before steal was kept
+    return " ".join(f"{x:.2f}" + (f" ({t:.1f} stolen)" if t >= 0.05 else "") for x, t in zip(secs, steals))
+
+
 def runs(rec, what):
-    """Every run's seconds, e.g. `0.29 0.40 0.44`."""
-    return " ".join(f"{x:.2f}" for x in rec.get(f"{what}_all_s", []))
+    """Every run's seconds of `what` (copy, read) in a copy record."""
+    return run_list(rec.get(f"{what}_all_s", []), rec.get(f"{what}_all_steal_s", []))
 
 
 def table(head, rows):
@@ -262,6 +269,10 @@ def make(res, out):
         md.append(f"Load average (1, 5, 15 min) at the start {', '.join(f'{x:.1f}' for x in m['loadavg_start'])}, "
                   f"at the end {', '.join(f'{x:.1f}' for x in m.get('loadavg_end', []))}: other work on the "
                   "machine shows up as noise.\n")
+    if "steal_s" in m:
+        md.append(f"CPU the VM's host took from this machine's cores while the run went on (steal, /proc/stat): "
+                  f"{m['steal_s']:.1f} s. A run it took 0.05 s or more from says so in its `runs` cell "
+                  "(`3.98 (0.6 stolen)`): it was slowed by other guests, not by the file system.\n")
     md.append("Times vary on this shared machine: compare the ratios to the bare directory of the same run, "
               "not absolute seconds across runs. CPU is from /proc/stat over the cores in use (user+sys, "
               "as dstat), and `FS cpu` is the file system's own process (utime+stime of the densefs / "
@@ -430,7 +441,7 @@ def make(res, out):
                   "BAM written to it; fsync + sync included; the best of the runs listed.\n")
         rows = [[r.name(s["system"]), f2(s["seconds"]), f2(s["seconds"] / base if base else None),
                  f2(s["seconds"] / bare if bare else None), f2(s["cpu_busy_s"], 1), f2(s["fs_cpu_s"], 1),
-                 " ".join(f"{x:.2f}" for x in s.get("all_s", []))]
+                 run_list(s.get("all_s", []), s.get("all_steal_s", []))]
                 for s in sam]
         md.append(table(["system", "s", "vs densefs off", "vs bare", "CPU s", "FS cpu s", "runs s"], rows))
         if "samtools.png" in written:
@@ -517,7 +528,7 @@ def workloads_md(md, r, res):
         ratio = [ratio_of(s, tab, seconds_of(tab, k), True) for k, _ in stps]
         return ([f2(x[k]["seconds"]) for k, _ in stps],
                 " / ".join(c.split("×")[0] for c in ratio) if ratio[0] != "–" else "–",
-                " / ".join(" ".join(f"{v:.2f}" for v in x[k]["all_s"]) for k, _ in stps))
+                " / ".join(run_list(x[k]["all_s"], x[k].get("all_steal_s", [])) for k, _ in stps))
 
     def smallfiles_table(tab):
         rows = []
@@ -621,7 +632,7 @@ def workloads_md(md, r, res):
             rows.append([r.name(s), f2(x.get("ratio")), f2(x["copy"]["seconds"]), f2(x["copy"]["mb_s"], 0),
                          f2(x["read"]["seconds"]), f2(x["read"]["mb_s"], 0), ratio_of(s, br, get_mb, False),
                          f2(x["read"]["cpu_busy_s"], 1), f2(x["read"]["fs_cpu_s"], 1),
-                         " ".join(f"{v:.2f}" for v in x["read"].get("all_s", []))])
+                         run_list(x["read"].get("all_s", []), x["read"].get("all_steal_s", []))])
         md.append(table(["system", "ratio", "copy s", "copy MB/s", "cold read s", "cold read MB/s",
                          "densefs ÷ btrfs (MB/s), higher is better", "read CPU s", "read FS cpu s", "read runs s"], rows))
 

@@ -47,8 +47,8 @@ def median_run(runs):
 
 
 def medians(steps):
-    """Each step's median run, with every run's seconds (`all_s`)."""
-    return {k: dict(median_run(v), all_s=[r["seconds"] for r in v]) for k, v in steps.items()}
+    """Each step's median run, with every run's seconds (`all_s`) and steal (`all_steal_s`)."""
+    return {k: dict(median_run(v), all_s=[r["seconds"] for r in v], all_steal_s=h.steals(v)) for k, v in steps.items()}
 
 
 # ----------------------------------------------------------------------------- data
@@ -192,7 +192,8 @@ def exp_bigread(system, src, cpus, reps, verify):
         rec["copy"] = h.exp_copy(system, src, dst, cpus)
         rec.update(system.ratio(dst))
         reads = [h.exp_read(system, src, dst, cpus, verify and i == 0) for i in range(reps)]
-        rec.update(read=dict(median_run(reads), all_s=[r["seconds"] for r in reads]), runs=reps)
+        rec.update(read=dict(median_run(reads), all_s=[r["seconds"] for r in reads], all_steal_s=h.steals(reads)),
+                   runs=reps)
         if verify:
             rec["verified"] = reads[0].get("verified", False)
         h.log(f"{system.name:18} bigread {rec['bytes'] / h.MiB:.0f} MiB x{reps}: copy {rec['copy']['seconds']:6.2f}s "
