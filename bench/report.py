@@ -590,7 +590,7 @@ def workloads_md(md, r, res):
         md.append(f"The tree: a tar of /{', /'.join(t.get('dirs_in_tar', []))} made once on this machine "
                   f"(`{t.get('file', '?')}`): {t.get('files', 0)} files, {t.get('dirs', 0)} directories, "
                   f"{t.get('symlinks', 0)} symlinks, {t.get('bytes', 0) / 1e6:.0f} MB in files. Per system, "
-                  f"{x.get('runs', 1)} time(s): `tar xf TREE -C DIR` then `sync`; "
+                  f"{x.get('runs', 1)} time(s): `tar xf TREE -C DIR` (TREE read from the page cache) then `sync`; "
                   + ("2 s later, `lstat` of every file by its path (what make or git status does; names and "
                      "attributes seen before) warm; " if any(k == "stat" for k, _ in steps) else "") +
                   ("`du -s DIR` then `find DIR -newer LIST` warm (what backup, build and search tools do: "
