@@ -500,7 +500,8 @@ def workloads_md(md, r, res):
     if not (sf or br or fs or bd):
         return
     steps = [("untar", "untar + sync"), ("stat", "lstat every file warm"), ("walk", "du + find warm"),
-             ("ls", "ls -lR cold"), ("cat", "cat every file cold"), ("rm", "rm -rf + sync")]
+             ("ls", "ls -lR cold"), ("cat", "cat every file cold"), ("rm", "rm -rf + sync"),
+             ("untar_cold", "untar + sync, tar cold")]
     # Runs from before a step existed (the warm lstat came with issue 13's long attribute timeouts,
     # the warm walk with the kernel's directory cache).
     steps = [(k, t) for k, t in steps if all(k in x for x in [*sf.values(), *sf1.values()])]
@@ -596,7 +597,10 @@ def workloads_md(md, r, res):
                   ("`du -s DIR` then `find DIR -newer LIST` warm (what backup, build and search tools do: "
                    "every directory read, every entry stat'd); " if any(k == "walk" for k, _ in steps) else "") +
                   "`ls -lR DIR > /dev/null` cold; "
-                  "`find DIR -type f -print0 | xargs -0 cat > /dev/null` cold; `rm -rf DIR` then `sync`. Cold: the "
+                  "`find DIR -type f -print0 | xargs -0 cat > /dev/null` cold; `rm -rf DIR` then `sync`" +
+                  ("; after the rounds, once more the untar + sync with TREE dropped from the page cache first "
+                   "(*tar cold*)" if any(k == "untar_cold" for k, _ in steps) else "") +
+                  ". Cold: the "
                   "daemon's own caches dropped (densefs and bindfs remounted, the zfs-fuse pool exported and "
                   "imported), then `drop_caches`. densefs lands every file in the lower directory when it is closed, "
                   "so `sync` covers it as it does btrfs. Seconds are the median run (**lower is better**); `runs` "
