@@ -110,8 +110,8 @@ def timed(system, cpus, cold, fn):
 
 def exp_smallfiles(system, tar, info, cpus, reps):
     """7: untar + sync, lstat of every file warm, du + find warm, ls -lR cold, cat every file cold, rm -rf
-    + sync; `reps` times, the medians kept; then once an untar + sync of the tar read from the disk. After the first untar the tree is compared with the tar (contents, modes,
-    owners, times, links)."""
+    + sync; `reps` times, the medians kept; then once an untar + sync of the tar read from the disk. After
+    the first untar the tree is compared with the tar (contents, modes, owners, times, links)."""
     d = system.path / "tree"
     steps = {"untar": [], "stat": [], "walk": [], "ls": [], "cat": [], "rm": [], "untar_cold": []}
     check = {}
@@ -148,8 +148,8 @@ def exp_smallfiles(system, tar, info, cpus, reps):
         for i in range(reps):
             d.mkdir()
             # Every round reads the tar from the page cache: the cold steps of the round before
-            # dropped it, and a tar read from the disk is a different workload (README,
-            # "Known limitations": densefs's untar takes twice as long then, btrfs's does not).
+            # dropped it, and a tar read from the disk is another workload (`untar_cold` below;
+            # docs/PERFORMANCE.md, "Ring threads that look before they sleep").
             h.warm(tar)
             steps["untar"].append(timed(system, cpus, False, untar))
             with open(listing, "w") as f:
@@ -182,7 +182,7 @@ def exp_smallfiles(system, tar, info, cpus, reps):
         u, st, wk, ls, c, r = (rec[k]["seconds"] for k in ("untar", "stat", "walk", "ls", "cat", "rm"))
         h.log(f"{system.name:18} smallfiles x{reps}: untar {u:6.2f}s stat {st:5.2f}s walk {wk:5.2f}s ls -lR {ls:5.2f}s "
               f"cat {c:6.2f}s "
-              f"rm {r:5.2f}s "
+              f"rm {r:5.2f}s untar, tar cold {rec['untar_cold']['seconds']:6.2f}s "
               f"{'verified' if rec.get('verified') else 'DIFFERS: ' + ' / '.join(rec.get('verify_diff', []))[:200]}")
     except Exception as e:
         rec = {"error": str(e)}
