@@ -88,7 +88,7 @@ fn switches_by_thread(pid: u32) -> BTreeMap<String, u64> {
 
 /// Context switches of the daemon's threads, voluntary or not, by thread name: a ring thread
 /// that answered requests slept waiting for each, or (looking for the next one after an
-/// answer, fuser's `RequestPoll`) yielded its CPU to the program that made it.
+/// answer, fuser's `PollWindow`) yielded its CPU to the program that made it.
 fn turns_by_thread(pid: u32) -> BTreeMap<String, u64> {
     let mut by_name = switches_by_thread(pid);
     for (name, switches) in thread_field(pid, "nonvoluntary_ctxt_switches") {

@@ -578,35 +578,56 @@ pub(crate) struct SessionEventLoop<FS: Filesystem> {
     pub(crate) linger_after_forget: bool,
 }
 
+/// How long a thread keeps looking for its next request after one before it sleeps, adapting
+/// like the kernel's halt polling: the window grows while a request that had to be waited for
+/// came within `MAX` of the wait, and shrinks (to nothing) while they come further apart, so a
+/// burst keeps the thread looking and a steady trickle costs no spinning. Used by the /dev/fuse
+/// reader after a FORGET (`ForgetPoll`) and by the ring threads after each answer
+/// (`uring::UringQueues::serve`).
+#[derive(Debug, Default)]
+pub(crate) struct PollWindow {
+    window: std::time::Duration,
+}
+
+impl PollWindow {
+    const MIN: std::time::Duration = std::time::Duration::from_micros(25);
+    const MAX: std::time::Duration = std::time::Duration::from_micros(200);
+
+    /// The thread waited `waited` in the kernel for its last request.
+    pub(crate) fn waited(&mut self, waited: std::time::Duration) {
+        self.window = if waited <= Self::MAX {
+            (self.window * 2).clamp(Self::MIN, Self::MAX)
+        } else if self.window / 2 >= Self::MIN {
+            self.window / 2
+        } else {
+            std::time::Duration::ZERO
+        };
+    }
+
+    /// After a request: until when to look for the next one, if at all.
+    pub(crate) fn look(&self) -> Option<std::time::Instant> {
+        (!self.window.is_zero()).then(|| std::time::Instant::now() + self.window)
+    }
+}
+
 /// How long the /dev/fuse reader keeps looking for the next FORGET after one (see
-/// `SessionEventLoop::linger_after_forget`). Like the kernel's halt polling, the window grows
-/// while a FORGET that had to be waited for came within `MAX` of the reader's wait, and
-/// shrinks (to nothing) while they come further apart: a burst (`rm` sends one every 20-40 µs)
-/// keeps the reader looking, and a steady trickle costs no spinning.
+/// `SessionEventLoop::linger_after_forget`): a burst (`rm` sends one every 20-40 µs) keeps the
+/// reader looking (`PollWindow`).
 #[derive(Debug, Default)]
 struct ForgetPoll {
-    window: std::time::Duration,
+    window: PollWindow,
     /// While looking: until when.
     until: Option<std::time::Instant>,
 }
 
 impl ForgetPoll {
-    const MIN: std::time::Duration = std::time::Duration::from_micros(25);
-    const MAX: std::time::Duration = std::time::Duration::from_micros(200);
-
     /// A FORGET came, after the reader waited `waited` in the kernel for it (None: it was
     /// looking). Returns whether the reader looks for the next one.
     fn forget(&mut self, waited: Option<std::time::Duration>) -> bool {
         if let Some(waited) = waited {
-            self.window = if waited <= Self::MAX {
-                (self.window * 2).clamp(Self::MIN, Self::MAX)
-            } else if self.window / 2 >= Self::MIN {
-                self.window / 2
-            } else {
-                std::time::Duration::ZERO
-            };
+            self.window.waited(waited);
         }
-        self.until = (!self.window.is_zero()).then(|| std::time::Instant::now() + self.window);
+        self.until = self.window.look();
         self.until.is_some()
     }
 

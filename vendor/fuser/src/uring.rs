@@ -38,6 +38,7 @@ use crate::ll::fuse_abi as abi;
 use crate::ll::reply::Response;
 use crate::request::RequestWithSender;
 use crate::session::FilesystemHolder;
+use crate::session::PollWindow;
 use crate::session::SessionACL;
 use crate::session::SessionEventLoop;
 
@@ -435,8 +436,17 @@ impl<FS: Filesystem> UringQueues<FS> {
         unsafe { ring.submission().push(&register) }
             .map_err(|_| io::Error::other("ring full"))?;
         let mut failures = 0;
-        let mut poll = RequestPoll::default();
-        // A request found while looking (`RequestPoll`) is already in the completion queue.
+        // After each answer the thread looks for its next request (yielding its CPU to any other
+        // work) before it sleeps. A program that makes one request after another (`tar x`:
+        // about 12 per file) otherwise finds both CPUs' ring threads asleep and their CPUs idle
+        // after each answer, and the kernel wakes the program on the idle CPU instead of its own
+        // (it remembers the CPU it used before): once a disk read has moved the program, each
+        // request and answer hands over between CPUs, and waking an idle CPU costs more than the
+        // request (on a VM whose host turned guest halt polling off). Measured: an untar whose
+        // tar file was not cached took 8-17 s instead of 4.2-4.6 s, `tar` migrating 83,000 times
+        // instead of 2,500; looking, 4.8-5.6 s and 6,900 (`bench/results/requestpoll-2026-11-27`).
+        let mut poll = PollWindow::default();
+        // A request found while looking is already in the completion queue.
         let mut found = false;
         loop {
             if !std::mem::take(&mut found) {
@@ -550,44 +560,6 @@ impl<FS: Filesystem> UringQueues<FS> {
 
 /// `io_uring_enter`'s flag to wait for (and run the work that posts) completions.
 const IORING_ENTER_GETEVENTS: u32 = 1;
-
-/// How long a ring thread looks for its next request (yielding its CPU to any other work)
-/// before it sleeps. A program that makes one request after another (`tar x`: about 12 per
-/// file) otherwise finds both CPUs' ring threads asleep and their CPUs idle after each answer,
-/// and the kernel wakes the program on the idle CPU instead of its own (it remembers the CPU it
-/// used before): once a disk read has moved the program, each request and answer hands over
-/// between CPUs, and waking an idle CPU costs more than the request (on a VM whose host turned
-/// guest halt polling off). Measured: an untar whose tar file was not cached took 8-17 s
-/// instead of 4.2-4.6 s, `tar` migrating 83,000 times instead of 2,500; looking, 4.8-5.6 s
-/// and 6,900 (`bench/results/requestpoll-2026-11-27`). Adapts like the
-/// kernel's halt polling (and `ForgetPoll`): the window grows while requests come within
-/// `MAX` of a wait, and shrinks to nothing while they come further apart, so a quiet mount
-/// spins nowhere.
-#[derive(Debug, Default)]
-struct RequestPoll {
-    window: std::time::Duration,
-}
-
-impl RequestPoll {
-    const MIN: std::time::Duration = std::time::Duration::from_micros(25);
-    const MAX: std::time::Duration = std::time::Duration::from_micros(200);
-
-    /// The thread slept `waited` until its last request came.
-    fn waited(&mut self, waited: std::time::Duration) {
-        self.window = if waited <= Self::MAX {
-            (self.window * 2).clamp(Self::MIN, Self::MAX)
-        } else if self.window / 2 >= Self::MIN {
-            self.window / 2
-        } else {
-            std::time::Duration::ZERO
-        };
-    }
-
-    /// After an answer: until when to look for the next request, if at all.
-    fn look(&self) -> Option<std::time::Instant> {
-        (!self.window.is_zero()).then(|| std::time::Instant::now() + self.window)
-    }
-}
 
 fn answer_eio(sender: &UringSender, unique: u64) {
     let _ = ll::ResponseErrno(ll::Errno::EIO).with_iovec(ll::RequestId(unique), |iov| sender.send(iov));
