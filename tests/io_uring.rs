@@ -76,25 +76,29 @@ fn thread_field(pid: u32, field: &str) -> Vec<(String, String)> {
     threads
 }
 
+/// The sum of counters of /proc/PID/task/*/status (`fields`) for each of the daemon's threads,
+/// by thread name.
+fn counts_by_thread(pid: u32, fields: &[&str]) -> BTreeMap<String, u64> {
+    let mut by_name = BTreeMap::new();
+    for field in fields {
+        for (name, count) in thread_field(pid, field) {
+            *by_name.entry(name).or_default() += if count.is_empty() { 0 } else { count.parse::<u64>().unwrap() };
+        }
+    }
+    by_name
+}
+
 /// Voluntary context switches of the daemon's threads, by thread name: a thread that answered
 /// requests slept waiting for each.
 fn switches_by_thread(pid: u32) -> BTreeMap<String, u64> {
-    let mut by_name = BTreeMap::new();
-    for (name, switches) in thread_field(pid, "voluntary_ctxt_switches") {
-        *by_name.entry(name).or_default() += if switches.is_empty() { 0 } else { switches.parse::<u64>().unwrap() };
-    }
-    by_name
+    counts_by_thread(pid, &["voluntary_ctxt_switches"])
 }
 
 /// Context switches of the daemon's threads, voluntary or not, by thread name: a ring thread
 /// that answered requests slept waiting for each, or (looking for the next one after an
 /// answer, fuser's `PollWindow`) yielded its CPU to the program that made it.
 fn turns_by_thread(pid: u32) -> BTreeMap<String, u64> {
-    let mut by_name = switches_by_thread(pid);
-    for (name, switches) in thread_field(pid, "nonvoluntary_ctxt_switches") {
-        *by_name.entry(name).or_default() += if switches.is_empty() { 0 } else { switches.parse::<u64>().unwrap() };
-    }
-    by_name
+    counts_by_thread(pid, &["voluntary_ctxt_switches", "nonvoluntary_ctxt_switches"])
 }
 
 /// Every kind of request a program makes, from the calling thread: creates, small and large
