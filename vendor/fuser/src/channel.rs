@@ -107,7 +107,12 @@ pub(crate) struct ChannelSender(Arc<DevFuse>);
 
 impl ChannelSender {
     pub(crate) fn send(&self, bufs: &[io::IoSlice<'_>]) -> io::Result<()> {
+        // A reader that may step aside times the write, which wakes the answer's caller.
+        let start = crate::step_aside::measuring().then(crate::step_aside::thread_cpu_time);
         let rc = nix::sys::uio::writev(&self.0, bufs)?;
+        if let Some(start) = start {
+            crate::step_aside::answered(crate::step_aside::thread_cpu_time() - start, rc);
+        }
         // writev is atomic, so do not need to check how many bytes are written.
         // libfuse does not do it either
         // https://github.com/libfuse/libfuse/blob/6278995cca991978abd25ebb2c20ebd3fc9e8a13/lib/fuse_lowlevel.c#L267

@@ -100,6 +100,7 @@ mod reply;
 mod request;
 mod request_param;
 mod session;
+mod step_aside;
 mod time;
 mod uring;
 

@@ -312,6 +312,10 @@ impl<FS: Filesystem> Session<FS> {
             threads.extend(queues.spawn()?);
         }
 
+        let several_cpus = thread::available_parallelism().is_ok_and(|n| n.get() > 1);
+        // Only where the readers take every request, and some may answer across CPUs.
+        let step_aside = (!over_uring && several_cpus && n_readers_minus_one > 0)
+            .then(|| Arc::new(crate::step_aside::StepAside::default()));
         for (i, ch) in channels.into_iter().enumerate() {
             let thread_name = format!("fuser-{i}");
             let event_loop = SessionEventLoop {
@@ -322,7 +326,8 @@ impl<FS: Filesystem> Session<FS> {
                 session_owner,
                 // One core: nothing to keep busy, and looking would take its time from the
                 // program and the rings.
-                linger_after_forget: over_uring && thread::available_parallelism().is_ok_and(|n| n.get() > 1),
+                linger_after_forget: over_uring && several_cpus,
+                step_aside: step_aside.clone(),
             };
             threads.push(
                 thread::Builder::new()
@@ -576,6 +581,9 @@ pub(crate) struct SessionEventLoop<FS: Filesystem> {
     /// where the rings carry every other request, so nothing else waits for it (any other
     /// request that comes here ends the looking), and where there is another core.
     pub(crate) linger_after_forget: bool,
+    /// Through /dev/fuse on several CPUs: a reader whose answers keep waking their callers on
+    /// other CPUs stops reading for a while (`crate::step_aside`).
+    pub(crate) step_aside: Option<Arc<crate::step_aside::StepAside>>,
 }
 
 /// How long a thread keeps looking for its next request after one before it sleeps, adapting
@@ -645,6 +653,7 @@ impl<FS: Filesystem> SessionEventLoop<FS> {
         let mut buf = FuseReadBuf::new();
         let buf = buf.as_mut();
         let mut poll = ForgetPoll::default();
+        let mut step_aside = self.step_aside.as_deref().map(crate::step_aside::StepAside::reader);
         loop {
             // Read the next request from the given channel to kernel driver
             // The kernel driver makes sure that we get exactly one request per read
@@ -652,7 +661,11 @@ impl<FS: Filesystem> SessionEventLoop<FS> {
                 None => {
                     // Timed only where the wait steers the looking.
                     let start = self.linger_after_forget.then(std::time::Instant::now);
-                    (self.ch.receive_retrying(buf), start.map(|s| s.elapsed()))
+                    let received = match &step_aside {
+                        Some(reader) => reader.wait(|| self.ch.receive_retrying(buf)),
+                        None => self.ch.receive_retrying(buf),
+                    };
+                    (received, start.map(|s| s.elapsed()))
                 }
                 Some(until) => match self.ch.try_receive(buf) {
                     Ok(Some(size)) => (Ok(size), None),
@@ -678,7 +691,10 @@ impl<FS: Filesystem> SessionEventLoop<FS> {
                         }
                         let forget = matches!(operation, Ok(Operation::Forget(_) | Operation::BatchForget(_)));
                         let interrupt = matches!(operation, Ok(Operation::Interrupt(_)));
-                        req.dispatch(self);
+                        match &mut step_aside {
+                            Some(reader) => reader.handle(|| req.dispatch(self)),
+                            None => req.dispatch(self),
+                        }
                         if forget && self.linger_after_forget {
                             // The window starts once this one is handled (closing its files).
                             let was_looking = poll.until.is_some();

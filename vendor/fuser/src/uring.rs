@@ -428,7 +428,9 @@ impl<FS: Filesystem> UringQueues<FS> {
             filesystem: self.filesystem.clone(),
             allowed: self.allowed,
             session_owner: self.session_owner,
-            linger_after_forget: false, // its own loop; the field is the /dev/fuse reader's
+            // Its own loop; the fields are the /dev/fuse readers'.
+            linger_after_forget: false,
+            step_aside: None,
         };
         let fd = self.ch.as_fd().as_raw_fd();
         let register = fuse_command(fd, FUSE_IO_URING_CMD_REGISTER, qid, 0, &entry.iov);
