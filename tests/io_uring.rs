@@ -457,3 +457,37 @@ fn a_daemon_that_may_not_use_io_uring_serves_through_dev_fuse() {
     let left = densefs::cli::mountinfo::mountinfo().into_iter().any(|m| m.point == d.mnt);
     assert!(!left, "the refused mount is taken away again");
 }
+
+/// Puts the kernel's io_uring switch back as it was.
+struct RestoreSwitch(String);
+
+impl Drop for RestoreSwitch {
+    fn drop(&mut self) {
+        let _ = fs::write(ENABLE_URING, &self.0);
+    }
+}
+
+/// A kernel that has FUSE over io_uring but keeps it switched off (the default) gets a mount
+/// through /dev/fuse whose log line says how to turn it on; a mount asked for `io_uring=off`
+/// is not told.
+#[test]
+fn a_mount_on_a_kernel_with_the_switch_off_says_how_to_turn_it_on() {
+    let _serial = serial();
+    if !offer_io_uring() {
+        return;
+    }
+    let _restore = RestoreSwitch(fs::read_to_string(ENABLE_URING).unwrap());
+    fs::write(ENABLE_URING, "N").unwrap();
+    let d = Dirs::new();
+    let m = Mount::new(&d.lower, &d.mnt, "");
+    let log = fs::read_to_string(&m.log).unwrap();
+    assert!(log.contains("requests through /dev/fuse") && log.contains(&format!("Y in {ENABLE_URING}")), "{log}");
+    fs::write(m.path("f"), b"served").unwrap();
+    assert_eq!(fs::read(m.path("f")).unwrap(), b"served");
+    m.unmount();
+    let m = Mount::new(&d.lower, &d.mnt, "io_uring=off");
+    let log = fs::read_to_string(&m.log).unwrap();
+    let line = log.lines().rfind(|l| l.contains("mounted")).unwrap();
+    assert!(line.contains("requests through /dev/fuse") && !line.contains(ENABLE_URING), "{line}");
+    m.unmount();
+}

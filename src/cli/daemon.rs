@@ -236,6 +236,9 @@ pub(super) fn serve(
         .map_err(|e| e.to_string())?;
     let transport = if session.uses_io_uring() {
         format!("io_uring, {} threads per CPU", fuse_config.io_uring_threads)
+    } else if config.io_uring == IoUringMode::Auto && !offered && Path::new(ENABLE_URING).exists() {
+        // The one setting that changes small-file speed most (docs/PERFORMANCE.md); say so.
+        format!("/dev/fuse; this kernel has FUSE over io_uring switched off: Y in {ENABLE_URING} before mounting makes small files faster")
     } else {
         "/dev/fuse".to_string()
     };
