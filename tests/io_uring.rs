@@ -422,12 +422,21 @@ fn the_forgets_of_many_deletions_come_to_one_reader_in_batches_and_every_file_is
     m.unmount();
 }
 
-/// Puts kernel.io_uring_disabled back as it was.
-struct RestoreSysctl(String);
+/// A kernel setting (`IO_URING_DISABLED`, `ENABLE_URING`), put back as it was when dropped.
+struct RestoreSetting {
+    path: &'static str,
+    was: String,
+}
 
-impl Drop for RestoreSysctl {
+impl RestoreSetting {
+    fn save(path: &'static str) -> RestoreSetting {
+        RestoreSetting { path, was: fs::read_to_string(path).unwrap() }
+    }
+}
+
+impl Drop for RestoreSetting {
     fn drop(&mut self) {
-        let _ = fs::write(IO_URING_DISABLED, &self.0);
+        let _ = fs::write(self.path, &self.was);
     }
 }
 
@@ -440,7 +449,7 @@ fn a_daemon_that_may_not_use_io_uring_serves_through_dev_fuse() {
     // Once INIT agrees on io_uring the kernel holds every request until each CPU's queue has an
     // entry: a daemon that then could not set up its rings would hang its mount. It must find
     // out before INIT and stay on /dev/fuse.
-    let _restore = RestoreSysctl(fs::read_to_string(IO_URING_DISABLED).unwrap());
+    let _restore = RestoreSetting::save(IO_URING_DISABLED);
     fs::write(IO_URING_DISABLED, "2").unwrap();
     let d = Dirs::new();
     let m = Mount::new(&d.lower, &d.mnt, "");
@@ -458,15 +467,6 @@ fn a_daemon_that_may_not_use_io_uring_serves_through_dev_fuse() {
     assert!(!left, "the refused mount is taken away again");
 }
 
-/// Puts the kernel's io_uring switch back as it was.
-struct RestoreSwitch(String);
-
-impl Drop for RestoreSwitch {
-    fn drop(&mut self) {
-        let _ = fs::write(ENABLE_URING, &self.0);
-    }
-}
-
 /// A kernel that has FUSE over io_uring but keeps it switched off (the default) gets a mount
 /// through /dev/fuse whose log line says how to turn it on; a mount asked for `io_uring=off`
 /// is not told.
@@ -476,7 +476,7 @@ fn a_mount_on_a_kernel_with_the_switch_off_says_how_to_turn_it_on() {
     if !offer_io_uring() {
         return;
     }
-    let _restore = RestoreSwitch(fs::read_to_string(ENABLE_URING).unwrap());
+    let _restore = RestoreSetting::save(ENABLE_URING);
     fs::write(ENABLE_URING, "N").unwrap();
     let d = Dirs::new();
     let m = Mount::new(&d.lower, &d.mnt, "");
