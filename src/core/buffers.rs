@@ -41,7 +41,8 @@ pub struct Buffers {
 impl Drop for Buffers {
     fn drop(&mut self) {
         let clean: usize = self.clean.iter().map(|(_, b)| b.len()).sum();
-        self.memory.release(self.dirty_bytes + self.inflight_bytes + clean);
+        self.memory.release_unlanded(self.dirty_bytes + self.inflight_bytes);
+        self.memory.release(clean);
     }
 }
 
@@ -123,10 +124,10 @@ impl Buffers {
         self.changed.insert(record, changed);
         self.forget_clean(record);
         self.dirty_bytes += buf.len();
-        self.memory.charge(buf.len());
+        self.memory.charge_unlanded(buf.len());
         if let Some(old) = self.dirty.insert(record, buf) {
             self.dirty_bytes -= old.len();
-            self.memory.release(old.len());
+            self.memory.release_unlanded(old.len());
         }
     }
 
@@ -134,7 +135,7 @@ impl Buffers {
         let buf = self.dirty.remove(&record)?;
         self.changed.remove(&record);
         self.dirty_bytes -= buf.len();
-        self.memory.release(buf.len());
+        self.memory.release_unlanded(buf.len());
         Some(buf)
     }
 
@@ -173,7 +174,7 @@ impl Buffers {
         let data = Arc::new(buf);
         let only_if_smaller = only_if_smaller();
         self.inflight_bytes += data.len();
-        self.memory.charge(data.len());
+        self.memory.charge_unlanded(data.len());
         self.inflight.insert(record, InFlight { seq, data: data.clone(), changed, only_if_smaller });
         Some((seq, data))
     }
@@ -181,7 +182,7 @@ impl Buffers {
     pub fn take_inflight(&mut self, record: u64) -> Option<InFlight> {
         let f = self.inflight.remove(&record)?;
         self.inflight_bytes -= f.data.len();
-        self.memory.release(f.data.len());
+        self.memory.release_unlanded(f.data.len());
         Some(f)
     }
 

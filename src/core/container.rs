@@ -34,6 +34,7 @@ use crate::format::{newest_first, Descriptor, Header, Layout};
 use parking_lot::{Condvar, Mutex, MutexGuard, RwLock, RwLockReadGuard};
 use std::collections::HashSet;
 use std::fs::File;
+use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use tracing::{error, warn};
@@ -678,10 +679,11 @@ impl Container {
                 return Err(e);
             }
             self.store.check_lower_can_hold(&mut st.store, end)?;
-            st.store.user_changed();
         }
         self.wait_for_room();
         self.memory.wait_for_room();
+        self.memory.admit_write(self.store.lower().as_raw_fd(), data.len() as u64)?;
+        self.state.lock().store.user_changed();
         let layout = self.layout();
         let rs = layout.record_size() as usize;
         let size = self.size();
@@ -810,6 +812,9 @@ impl Container {
         });
         if let Err(e) = outcome {
             error!(file = %self.store.label(), record, "cannot write record: {e}");
+            if matches!(e.errno, libc::ENOSPC | libc::EDQUOT) {
+                self.memory.admission().landing_found_no_room();
+            }
             stored = 0;
             st.store.forget_raw_copies(record);
             // Keep the data: a later flush retries once the cause (say, a full disk) is gone.

@@ -1,6 +1,7 @@
 //! Regular-file data: open/create, read, write, flush, fsync, release, truncate, fallocate,
 //! SEEK_DATA/SEEK_HOLE, and attribute changes that touch contents (size, times).
 
+use super::admission::writable_bytes;
 use super::container::{Container, ReadBytes};
 use super::inodes::{Content, Inode, Node};
 use super::lower::{self, cstr};
@@ -517,8 +518,9 @@ impl DenseFs {
                     // for fails now, rather than the writes that follow.
                     0 => {
                         let growth = end.saturating_sub(offset.max(c.size()));
-                        let free = lower::fstatvfs(c.lower_file().as_raw_fd())?;
-                        let avail = free.f_bavail.saturating_mul(free.f_frsize);
+                        // What the lower has, less what writes already acknowledged need.
+                        let free = writable_bytes(&lower::fstatvfs(c.lower_file().as_raw_fd())?);
+                        let avail = free.saturating_sub(self.memory.admission().unlanded());
                         if growth > avail - avail / 8 {
                             return Err(FsError::errno(libc::ENOSPC));
                         }

@@ -2,8 +2,12 @@
 //! memory, in flight to the engine, or cached decoded are all charged here. A writer that finds
 //! the budget spent starts writeback of every open file and waits (briefly) for landings to free
 //! room, so the daemon's memory stays near `cache_size` however many files are written at once.
+//! The dirty and in-flight bytes are also what the lower file system still has to find room for
+//! (`admission.rs`): they are charged there too.
 
+use super::admission::{Hooks, WriteAdmission};
 use parking_lot::{Condvar, Mutex};
+use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
@@ -19,11 +23,22 @@ pub struct Memory {
     freed: Condvar,
     /// Starts background writeback of every open file (set once by the file system).
     kick: OnceLock<Box<dyn Fn() + Send + Sync>>,
+    /// Frees the old copies every file keeps for its next sync (set once by the file system).
+    reclaim: OnceLock<Box<dyn Fn() + Send + Sync>>,
+    admission: WriteAdmission,
 }
 
 impl Memory {
     pub fn new(limit: usize) -> Memory {
-        Memory { limit, used: AtomicUsize::new(0), lock: Mutex::new(()), freed: Condvar::new(), kick: OnceLock::new() }
+        Memory {
+            limit,
+            used: AtomicUsize::new(0),
+            lock: Mutex::new(()),
+            freed: Condvar::new(),
+            kick: OnceLock::new(),
+            reclaim: OnceLock::new(),
+            admission: WriteAdmission::default(),
+        }
     }
 
     pub fn limit(&self) -> usize {
@@ -42,8 +57,44 @@ impl Memory {
         let _ = self.kick.set(kick);
     }
 
+    pub fn set_reclaim(&self, reclaim: Box<dyn Fn() + Send + Sync>) {
+        let _ = self.reclaim.set(reclaim);
+    }
+
     pub fn charge(&self, bytes: usize) {
         self.used.fetch_add(bytes, Relaxed);
+    }
+
+    /// Charges bytes a writer was told are written and that are not on the lower yet.
+    pub fn charge_unlanded(&self, bytes: usize) {
+        self.charge(bytes);
+        self.admission.charge(bytes);
+    }
+
+    pub fn release_unlanded(&self, bytes: usize) {
+        self.admission.release(bytes);
+        self.release(bytes);
+    }
+
+    pub fn admission(&self) -> &WriteAdmission {
+        &self.admission
+    }
+
+    /// Admits a write of `len` bytes to a file on the lower file system `fd` is on (ENOSPC if
+    /// landings cannot make room for it); see `admission.rs`.
+    pub fn admit_write(&self, fd: RawFd, len: u64) -> std::io::Result<()> {
+        let reclaim = || {
+            if let Some(reclaim) = self.reclaim.get() {
+                reclaim();
+            }
+        };
+        self.admission.admit(fd, len, &Hooks { writeback: &|| self.start_writeback(), reclaim: &reclaim })
+    }
+
+    fn start_writeback(&self) {
+        if let Some(kick) = self.kick.get() {
+            kick();
+        }
     }
 
     pub fn release(&self, bytes: usize) {
@@ -63,9 +114,9 @@ impl Memory {
         let deadline = Instant::now() + MAX_WAIT;
         let mut guard = self.lock.lock();
         while self.over() && Instant::now() < deadline {
-            if let Some(kick) = self.kick.get() {
+            if self.kick.get().is_some() {
                 drop(guard);
-                kick();
+                self.start_writeback();
                 guard = self.lock.lock();
             }
             self.freed.wait_for(&mut guard, Duration::from_millis(50));

@@ -5,6 +5,7 @@
 //! xattrs pass straight through to the lower tree; only regular-file contents are transformed
 //! (see [`container`]).
 
+mod admission;
 pub mod buffers;
 mod changed;
 pub mod container;
@@ -462,10 +463,13 @@ impl DenseFs {
     pub fn statfs(&self) -> FsResult<Statfs> {
         let root = self.inode(ROOT)?;
         let sv = lower::fstatvfs(root.raw_fd())?;
+        // Data acknowledged and not landed yet will take room (at most its uncompressed size):
+        // `df` counts it as used, as a local file system's would.
+        let unlanded = self.memory.admission().unlanded().div_ceil(sv.f_frsize.max(1));
         Ok(Statfs {
             blocks: sv.f_blocks,
-            bfree: sv.f_bfree,
-            bavail: sv.f_bavail,
+            bfree: sv.f_bfree.saturating_sub(unlanded),
+            bavail: sv.f_bavail.saturating_sub(unlanded),
             files: sv.f_files,
             ffree: sv.f_ffree,
             bsize: sv.f_bsize as u32,
@@ -476,7 +480,8 @@ impl DenseFs {
 
     /// Starts writing back what has sat in memory (called every few seconds, like the kernel's
     /// dirty writeback or a ZFS transaction group).
-    /// Lets writers that find the memory budget spent start writeback of every open file.
+    /// Lets writers that find the memory budget spent start writeback of every open file, and
+    /// writers short of room on the lower free what syncs would free.
     pub fn connect_memory_budget(self: &Arc<Self>) {
         let weak = Arc::downgrade(self);
         self.memory.set_kick(Box::new(move || {
@@ -484,6 +489,26 @@ impl DenseFs {
                 fs.start_writeback();
             }
         }));
+        let weak = Arc::downgrade(self);
+        self.memory.set_reclaim(Box::new(move || {
+            if let Some(fs) = weak.upgrade() {
+                fs.reclaim_old_copies();
+            }
+        }));
+    }
+
+    /// Syncs every file that keeps old copies (of records rewritten or cut off since its last
+    /// sync) so that they are freed.
+    fn reclaim_old_copies(&self) {
+        for inode in self.inodes.inodes() {
+            if let Some(Content::Container(c)) = inode.open_content() {
+                if c.has_stale() {
+                    if let Err(e) = c.sync(true) {
+                        tracing::warn!("freeing old copies for room: {e}");
+                    }
+                }
+            }
+        }
     }
 
     /// File data held in memory now, and the budget.
