@@ -125,7 +125,9 @@ impl WriteAdmission {
             if released != progress.0 {
                 progress = (released, Instant::now());
             }
-            let free = writable_bytes(&lower::fstatvfs(fd)?);
+            // A lower that cannot say (statvfs fails, or counts no blocks at all, as some FUSE
+            // and network file systems do) is written as before: its landings report a full disk.
+            let Some(free) = lower::fstatvfs(fd).ok().and_then(|sv| writable_bytes(&sv)) else { return Ok(()) };
             *sample = Sample { free, taken: Some(Instant::now()), released };
             let refuse = match judge(free, self.unlanded(), len) {
                 Verdict::Admit => return Ok(()),
@@ -169,8 +171,9 @@ pub struct Hooks<'a> {
 /// Bytes a file system offers writers: what `df` calls available. Root may write a little past
 /// it (ext4's reserve for root), but not into every block `f_bfree` counts (ext4 keeps some for
 /// its own metadata), and users see this figure: densefs fills up where `df` says it does.
-pub fn writable_bytes(sv: &libc::statvfs) -> u64 {
-    sv.f_bavail.saturating_mul(sv.f_frsize)
+/// `None` for a file system that counts no blocks (it keeps no account of space).
+pub fn writable_bytes(sv: &libc::statvfs) -> Option<u64> {
+    (sv.f_blocks > 0).then(|| sv.f_bavail.saturating_mul(sv.f_frsize))
 }
 
 #[cfg(test)]
@@ -190,10 +193,22 @@ mod tests {
     }
 
     #[test]
+    fn a_file_system_that_counts_no_blocks_is_not_judged() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut sv = lower::fstatvfs(std::fs::File::open(dir.path()).unwrap().as_raw_fd()).unwrap();
+        (sv.f_blocks, sv.f_bavail, sv.f_frsize) = (0, 0, 4096);
+        assert_eq!(writable_bytes(&sv), None, "no blocks: no account of space");
+        sv.f_blocks = 100;
+        assert_eq!(writable_bytes(&sv), Some(0), "a full one");
+        sv.f_bavail = 10;
+        assert_eq!(writable_bytes(&sv), Some(40960));
+    }
+
+    #[test]
     fn a_writer_waits_for_landings_and_is_refused_when_nothing_is_left_to_land() {
         let dir = tempfile::tempdir().unwrap();
         let fd = std::fs::File::open(dir.path()).unwrap();
-        let free = writable_bytes(&lower::fstatvfs(fd.as_raw_fd()).unwrap());
+        let free = writable_bytes(&lower::fstatvfs(fd.as_raw_fd()).unwrap()).unwrap();
         // Well past the disk, so that other programs freeing space meanwhile change nothing.
         let past = (free + (1 << 30)) as usize;
         let admission = Arc::new(WriteAdmission::default());

@@ -519,10 +519,12 @@ impl DenseFs {
                     0 => {
                         let growth = end.saturating_sub(offset.max(c.size()));
                         // What the lower has, less what writes already acknowledged need.
-                        let free = writable_bytes(&lower::fstatvfs(c.lower_file().as_raw_fd())?);
-                        let avail = free.saturating_sub(self.memory.admission().unlanded());
-                        if growth > avail - avail / 8 {
-                            return Err(FsError::errno(libc::ENOSPC));
+                        let sv = lower::fstatvfs(c.lower_file().as_raw_fd())?;
+                        if let Some(free) = writable_bytes(&sv) {
+                            let avail = free.saturating_sub(self.memory.admission().unlanded());
+                            if growth > avail - avail / 8 {
+                                return Err(FsError::errno(libc::ENOSPC));
+                            }
                         }
                         c.changed_by_user()
                     }
