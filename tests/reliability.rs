@@ -102,6 +102,29 @@ fn a_full_disk_gives_enospc_loses_nothing_and_recovers_when_space_is_freed() {
     m.unmount();
 }
 
+/// A lower directory may hold another file system's mount point: each file is judged by the free
+/// space of the file system it is on, not of the one a write to another file saw.
+#[test]
+fn a_small_file_system_mounted_inside_the_lower_fills_at_its_own_size() {
+    let d = Dirs::new();
+    let small = d.lower.join("small");
+    fs::create_dir(&small).unwrap();
+    let _disk = SmallDisk::new(&small, "16M");
+    let m = Mount::new(&d.lower, &d.mnt, "compression=lz4");
+    // A write to the large file system first (its free space is seen), then fill the small one.
+    let big = random_bytes(4 << 20, 40);
+    fs::write(m.path("big"), &big).unwrap();
+    let (b, err) = fill(&m.path("small/b"), 400);
+    assert_eq!(err, libc::ENOSPC, "expected ENOSPC, got errno {err}");
+    assert!(b.len() >= 8 << 20 && b.len() <= 16 << 20, "{} bytes acknowledged on a 16 MiB file system", b.len());
+    let f = OpenOptions::new().write(true).open(m.path("small/b")).unwrap();
+    f.sync_all().expect("fsync of everything acknowledged on the full small file system");
+    drop(f);
+    assert!(fs::read(m.path("small/b")).unwrap() == b);
+    assert!(fs::read(m.path("big")).unwrap() == big);
+    m.unmount();
+}
+
 /// Writes are admitted against the lower's free space, but another program can take that space
 /// before they land: the shim's ".enospc-write" makes the lower refuse this file's writes with
 /// ENOSPC, as a disk filled behind densefs's back would.

@@ -57,6 +57,11 @@ struct Sample {
     released: u64,
 }
 
+/// The last look at the free space of the file system one file is on: each file keeps its own,
+/// as a lower directory may hold other file systems' mount points.
+#[derive(Default)]
+pub struct FreeSpaceSample(Mutex<Sample>);
+
 #[derive(Default)]
 pub struct WriteAdmission {
     unlanded: AtomicU64,
@@ -65,7 +70,7 @@ pub struct WriteAdmission {
     /// Landings refused for want of space (ENOSPC, EDQUOT) so far.
     full_landings: AtomicU64,
     waiting: AtomicUsize,
-    sample: Mutex<Sample>,
+    lock: Mutex<()>,
     landed: Condvar,
     reclaiming: Mutex<()>,
 }
@@ -98,7 +103,7 @@ impl WriteAdmission {
 
     fn wake(&self) {
         if self.waiting.load(Relaxed) > 0 {
-            let _guard = self.sample.lock();
+            let _guard = self.lock.lock();
             self.landed.notify_all();
         }
     }
@@ -108,16 +113,18 @@ impl WriteAdmission {
     /// ENOSPC it has every file's old copies freed once (what truncates and rewrites left for
     /// the next sync: the new copies were written beside them), as ext4 commits its journal
     /// before it says ENOSPC.
-    pub fn admit(&self, fd: RawFd, len: u64, hooks: &Hooks<'_>) -> std::io::Result<()> {
-        let mut sample = self.sample.lock();
+    pub fn admit(&self, fd: RawFd, len: u64, sample: &FreeSpaceSample, hooks: &Hooks<'_>) -> std::io::Result<()> {
         let released = self.released.load(Relaxed);
-        if let Some(taken) = sample.taken {
+        {
+            let seen = sample.0.lock();
             // Bytes landed since the sample may have used the room it saw.
-            let room = sample.free.saturating_sub(released - sample.released);
-            if taken.elapsed() < SAMPLE_FRESH && room >= self.unlanded().saturating_add(len).saturating_add(SAMPLE_SLACK) {
+            let room = seen.free.saturating_sub(released - seen.released);
+            let fresh = seen.taken.is_some_and(|t| t.elapsed() < SAMPLE_FRESH);
+            if fresh && room >= self.unlanded().saturating_add(len).saturating_add(SAMPLE_SLACK) {
                 return Ok(());
             }
         }
+        let mut guard = self.lock.lock();
         let mut full_landings = self.full_landings.load(Relaxed);
         let (mut wrote_back, mut reclaimed, mut progress) = (false, false, (released, Instant::now()));
         loop {
@@ -128,7 +135,7 @@ impl WriteAdmission {
             // A lower that cannot say (statvfs fails, or counts no blocks at all, as some FUSE
             // and network file systems do) is written as before: its landings report a full disk.
             let Some(free) = lower::fstatvfs(fd).ok().and_then(|sv| writable_bytes(&sv)) else { return Ok(()) };
-            *sample = Sample { free, taken: Some(Instant::now()), released };
+            *sample.0.lock() = Sample { free, taken: Some(Instant::now()), released };
             let refuse = match judge(free, self.unlanded(), len) {
                 Verdict::Admit => return Ok(()),
                 Verdict::Full => true,
@@ -139,7 +146,7 @@ impl WriteAdmission {
             }
             if refuse {
                 reclaimed = true;
-                parking_lot::MutexGuard::unlocked(&mut sample, || {
+                parking_lot::MutexGuard::unlocked(&mut guard, || {
                     let _one_at_a_time = self.reclaiming.lock();
                     (hooks.reclaim)();
                 });
@@ -151,10 +158,10 @@ impl WriteAdmission {
             }
             if !wrote_back {
                 wrote_back = true;
-                parking_lot::MutexGuard::unlocked(&mut sample, hooks.writeback);
+                parking_lot::MutexGuard::unlocked(&mut guard, hooks.writeback);
             }
             self.waiting.fetch_add(1, Relaxed);
-            self.landed.wait_for(&mut sample, Duration::from_millis(50));
+            self.landed.wait_for(&mut guard, Duration::from_millis(50));
             self.waiting.fetch_sub(1, Relaxed);
         }
     }
@@ -233,14 +240,14 @@ mod tests {
                 reclaims.fetch_add(1, Relaxed);
             },
         };
-        admission.admit(fd.as_raw_fd(), 4096, &hooks).unwrap();
+        admission.admit(fd.as_raw_fd(), 4096, &FreeSpaceSample::default(), &hooks).unwrap();
         assert!(start.elapsed() >= Duration::from_millis(90), "admitted before anything landed");
         assert_eq!((kicks.load(Relaxed), reclaims.load(Relaxed)), (1, 0), "wrote back, had no need to reclaim");
         lander.join().unwrap();
         // Nothing unlanded and the write is larger than the disk: refused once old copies were
         // freed, without waiting.
         let start = Instant::now();
-        let refused = admission.admit(fd.as_raw_fd(), past as u64, &hooks).unwrap_err();
+        let refused = admission.admit(fd.as_raw_fd(), past as u64, &FreeSpaceSample::default(), &hooks).unwrap_err();
         assert_eq!(refused.raw_os_error(), Some(libc::ENOSPC));
         assert_eq!((kicks.load(Relaxed), reclaims.load(Relaxed)), (1, 1));
         assert!(start.elapsed() < Duration::from_secs(1));
@@ -257,7 +264,7 @@ mod tests {
             })
         };
         let start = Instant::now();
-        let refused = admission.admit(fd.as_raw_fd(), 4096, &hooks).unwrap_err();
+        let refused = admission.admit(fd.as_raw_fd(), 4096, &FreeSpaceSample::default(), &hooks).unwrap_err();
         assert_eq!(refused.raw_os_error(), Some(libc::ENOSPC));
         assert!(start.elapsed() < MAX_WAIT, "waited out the deadline instead of hearing the failure");
         assert_eq!(reclaims.load(Relaxed), 2);

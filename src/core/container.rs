@@ -19,6 +19,7 @@ mod model_tests;
 mod resize;
 mod sync;
 
+use super::admission::FreeSpaceSample;
 use super::buffers::Buffers;
 use super::error::{FsError, FsResult};
 use super::landing::{self, LandingQueue};
@@ -61,6 +62,8 @@ pub struct Container {
     store: Store,
     engine: Arc<Engine>,
     memory: Arc<Memory>,
+    /// The free space of the lower file system, as last seen by a write (`admission.rs`).
+    free_space: FreeSpaceSample,
     slot_io: RwLock<()>,
     state: Mutex<State>,
     /// Signalled whenever a record lands (or is dropped from flight).
@@ -295,6 +298,7 @@ impl Container {
             store,
             engine,
             memory: memory.clone(),
+            free_space: FreeSpaceSample::default(),
             slot_io: RwLock::new(()),
             state: Mutex::new(State {
                 policy,
@@ -682,7 +686,7 @@ impl Container {
         }
         self.wait_for_room();
         self.memory.wait_for_room();
-        self.memory.admit_write(self.store.lower().as_raw_fd(), data.len() as u64)?;
+        self.memory.admit_write(self.store.lower().as_raw_fd(), data.len() as u64, &self.free_space)?;
         self.state.lock().store.user_changed();
         let layout = self.layout();
         let rs = layout.record_size() as usize;

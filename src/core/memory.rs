@@ -5,7 +5,7 @@
 //! The dirty and in-flight bytes are also what the lower file system still has to find room for
 //! (`admission.rs`): they are charged there too.
 
-use super::admission::{Hooks, WriteAdmission};
+use super::admission::{FreeSpaceSample, Hooks, WriteAdmission};
 use parking_lot::{Condvar, Mutex};
 use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
@@ -82,13 +82,13 @@ impl Memory {
 
     /// Admits a write of `len` bytes to a file on the lower file system `fd` is on (ENOSPC if
     /// landings cannot make room for it); see `admission.rs`.
-    pub fn admit_write(&self, fd: RawFd, len: u64) -> std::io::Result<()> {
+    pub fn admit_write(&self, fd: RawFd, len: u64, sample: &FreeSpaceSample) -> std::io::Result<()> {
         let reclaim = || {
             if let Some(reclaim) = self.reclaim.get() {
                 reclaim();
             }
         };
-        self.admission.admit(fd, len, &Hooks { writeback: &|| self.start_writeback(), reclaim: &reclaim })
+        self.admission.admit(fd, len, sample, &Hooks { writeback: &|| self.start_writeback(), reclaim: &reclaim })
     }
 
     fn start_writeback(&self) {
