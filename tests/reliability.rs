@@ -158,16 +158,25 @@ fn a_file_closed_on_a_full_disk_keeps_its_data_until_it_can_be_written() {
     // lower (a private tmpfs: nothing else writes to it).
     let held = free_bytes(&d.lower) - free_bytes(&m.mnt);
     assert!(held >= acknowledged.len() as u64, "df through the mount hides {} bytes held in memory (shows {held})", acknowledged.len());
-    // `densefs umount` refuses to drop it, and says why and what to do.
-    let refused = Command::new(BIN).arg("umount").arg(&m.mnt).output().unwrap();
-    let said = String::from_utf8_lossy(&refused.stderr);
-    assert!(!refused.status.success(), "umount dropped a file held in memory only");
-    assert!(said.contains("1 closed file(s)") && said.contains("densefs umount --force"), "{said}");
-    assert!(fs::read(m.path("late.enospc-write")).unwrap() == acknowledged, "still mounted, still there");
+    // `densefs umount` refuses to drop it, and says why and what to do. (The kernel sends the
+    // RELEASE of the reads above without waiting for it: until it is done, the file is open.)
+    let mut said = String::new();
+    wait_until("umount to refuse for the closed file", || {
+        let refused = Command::new(BIN).arg("umount").arg(&m.mnt).output().unwrap();
+        assert!(!refused.status.success(), "umount dropped a file held in memory only");
+        said = String::from_utf8_lossy(&refused.stderr).into_owned();
+        said.contains("1 closed file(s)")
+    });
+    assert!(said.contains("densefs umount --force"), "{said}");
     // Space comes back: background writeback lands it without anyone reopening the file.
     fs::rename(m.path("late.enospc-write"), m.path("late")).unwrap();
-    wait_until("the log to say it was written", || m.log_text().contains("now written"));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !m.log_text().contains("now written") {
+        assert!(std::time::Instant::now() < deadline, "not written back; log: {}", m.log_text());
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
     assert!(free_bytes(&d.lower) - free_bytes(&m.mnt) < 1 << 20, "df still counts landed data as held");
+    assert!(fs::read(m.path("late")).unwrap() == acknowledged, "written back, still there");
     m.unmount();
     let m = Mount::new(&d.lower, &d.mnt, "");
     assert!(fs::read(m.path("late")).unwrap() == acknowledged);
