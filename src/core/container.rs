@@ -412,6 +412,13 @@ impl Container {
         self.store.label()
     }
 
+    /// Drops the error a failed landing left for this file's writer to hear: a file closed
+    /// while its data could not be written has no writer left, and its retry must try afresh
+    /// rather than report the last failure again.
+    pub fn forget_write_error(&self) {
+        self.state.lock().write_error = None;
+    }
+
     /// Whether closing needs a sync to free old copies.
     pub fn has_stale(&self) -> bool {
         self.state.lock().store.has_stale()

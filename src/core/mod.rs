@@ -556,6 +556,7 @@ impl DenseFs {
             if open.handles > 0 {
                 continue;
             }
+            c.forget_write_error();
             match c.sync(true) {
                 Ok(()) => {
                     open.content = None;
