@@ -424,6 +424,11 @@ impl Container {
         self.state.lock().store.has_stale()
     }
 
+    /// Whether a failed landing left an error for this file's writer to hear.
+    pub fn has_write_error(&self) -> bool {
+        self.state.lock().write_error.is_some()
+    }
+
     // ---- reading -----------------------------------------------------------------------
 
     fn source(&self, st: &mut State, record: u64) -> FsResult<Source> {

@@ -498,11 +498,12 @@ impl DenseFs {
     }
 
     /// Syncs every file that keeps old copies (of records rewritten or cut off since its last
-    /// sync) so that they are freed.
+    /// sync) so that they are freed; not one whose writer has a landing's error still to hear
+    /// (its sync would only take that error).
     fn reclaim_old_copies(&self) {
         for inode in self.inodes.inodes() {
             if let Some(Content::Container(c)) = inode.open_content() {
-                if c.has_stale() {
+                if c.has_stale() && !c.has_write_error() {
                     if let Err(e) = c.sync(true) {
                         tracing::warn!("freeing old copies for room: {e}");
                     }
