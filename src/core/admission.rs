@@ -118,7 +118,7 @@ impl WriteAdmission {
         {
             let seen = sample.0.lock();
             // Bytes landed since the sample may have used the room it saw.
-            let room = seen.free.saturating_sub(released - seen.released);
+            let room = seen.free.saturating_sub(released.saturating_sub(seen.released));
             let fresh = seen.taken.is_some_and(|t| t.elapsed() < SAMPLE_FRESH);
             if fresh && room >= self.unlanded().saturating_add(len).saturating_add(SAMPLE_SLACK) {
                 return Ok(());
