@@ -30,6 +30,7 @@ use crate::checksum::ChecksumKind;
 use crate::codec::Setting;
 use crate::engine::{CompressRequest, DecompressRequest, Encoded, Engine, EngineError, Job, RecordPolicy};
 use crate::format::durability::Epochs;
+use crate::format::hints::SizeHint;
 use crate::format::layout::round_up_block;
 use crate::format::{newest_first, Descriptor, Header, Layout};
 use parking_lot::{Condvar, Mutex, MutexGuard, RwLock, RwLockReadGuard};
@@ -354,6 +355,7 @@ impl Container {
     /// neither a landing nor the writeback tick's putting back of the old mtime comes between.
     /// `sets_mtime`: the lower's mtime is not put back before (tar and cp -p set the times of
     /// a file they just wrote before closing it: that write would be overwritten at once).
+    /// The stat `set` returns follows every change the daemon made to the lower file so far.
     pub fn set_times(self: &Arc<Self>, sets_mtime: bool, set: impl FnOnce() -> FsResult<libc::stat>) -> FsResult<libc::stat> {
         if sets_mtime {
             self.flush_data()?;
@@ -363,6 +365,9 @@ impl Container {
         let mut st = self.state.lock();
         let stat = set()?;
         self.store.times_set_by_user(&mut st.store, libc::timespec { tv_sec: stat.st_mtime, tv_nsec: stat.st_mtime_nsec });
+        // The landing above came before that stat: the reply made of it tells the kernel the
+        // blocks and ctime it left, with no stat taken again.
+        st.store.take_unpublished_changes();
         Ok(stat)
     }
 
@@ -402,9 +407,15 @@ impl Container {
         settled.then(|| (st.store.size, self.layout().record_shift()))
     }
 
-    /// The lower file carries a size hint now (`StoreState::size_hint_written`).
-    pub fn size_hint_written(&self, written: bool) {
-        self.state.lock().store.size_hint_written(written);
+    /// The lower file carries `hint` now (`StoreState::size_hint_written`).
+    pub fn size_hint_written(&self, hint: SizeHint, written: bool) {
+        self.state.lock().store.size_hint_written(hint, written);
+    }
+
+    /// The size hint known to be on the lower file, and whether it may carry one at all
+    /// (`StoreState::size_hint_known`).
+    pub fn size_hint_known(&self) -> (Option<SizeHint>, bool) {
+        self.state.lock().store.size_hint_known()
     }
 
     /// What log lines call the file.

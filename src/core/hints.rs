@@ -151,17 +151,23 @@ impl DenseFs {
     pub(super) fn record_size_hint(&self, c: &Container) {
         let Some(record) = self.hints.get().and_then(|h| h.writing) else { return };
         let Some((size, record_shift)) = c.settled_size() else { return };
+        let (known, may_exist) = c.size_hint_known();
+        // Given at the FLUSH, nothing written since: the RELEASE after it has nothing to do.
+        if known.is_some_and(|h| (h.tree, h.run, h.size, h.record_shift) == (record.tree, record.run, size, record_shift)) {
+            return;
+        }
         let file = c.lower_file();
         let Ok(st) = lower::stat_fd(std::os::fd::AsRawFd::as_raw_fd(&**file)) else { return };
         let hint = SizeHint { tree: record.tree, run: record.run, size, record_shift, lower_len: st.st_size as u64 };
         let Some(value) = hint.encode() else { return };
         // From here on the file may carry a hint, which the store must remove before its header
-        // records another size (a FLUSH leaves the store open: writes may follow).
-        if read_hint(XattrOn::Fd(file.as_fd())) == Some(hint) {
-            c.size_hint_written(false);
+        // records another size (a FLUSH leaves the store open: writes may follow). A file this
+        // run created, or whose hint it removed, carries none to read.
+        if may_exist && read_hint(XattrOn::Fd(file.as_fd())) == Some(hint) {
+            c.size_hint_written(hint, false);
             return;
         }
-        c.size_hint_written(true);
+        c.size_hint_written(hint, true);
         if let Err(e) = lower::fsetxattr(file, HINT_NAME, &value, 0) {
             tracing::debug!("no size hint for {}: {e}", c.label());
         }

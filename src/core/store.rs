@@ -14,6 +14,7 @@ use super::lower;
 use crate::checksum::ChecksumKind;
 use crate::codec::Setting;
 use crate::format::durability::Epochs;
+use crate::format::hints::SizeHint;
 use crate::format::layout::{round_up_block, BLOCK, GROUP_RECORDS, HEADER_BLOCK, TABLE_SIZE};
 use crate::format::{
     decode_table, newest_first, Descriptor, FormatError, Header, Layout, Pair, SlotState, BIRTH_HEADER_SIZE, BIRTH_HEADER_XATTR,
@@ -120,6 +121,10 @@ pub struct StoreState {
     /// The lower file may carry a size hint (`core::hints`), to be removed before a header
     /// records another size: an existing file may, a new one has none.
     size_hint_may_exist: bool,
+    /// The size hint the lower file carries as this run last wrote or found it, while no write
+    /// of the daemon's came after (`touch` forgets it): a close that would give the file the
+    /// same hint has nothing to stat, read or write.
+    size_hint_on_lower: Option<SizeHint>,
 }
 
 /// An uncompressed copy in a slot: the descriptor it was written with (a slot whose descriptor
@@ -148,6 +153,7 @@ impl StoreState {
         self.wrote = true;
         self.mtime_to_restore = true;
         self.unpublished_changes = true;
+        self.size_hint_on_lower = None;
     }
 
     /// Whether the daemon changed the lower file since the last call: attributes read before
@@ -168,12 +174,19 @@ impl StoreState {
         (self.mtime, self.ctime)
     }
 
-    /// The lower file carries a size hint now (the daemon may write it while the store lives
-    /// on: a FLUSH): a header recording another size removes it first. `written`: this call
-    /// wrote it, which moved the lower's ctime (a change to publish, as a landing's).
-    pub fn size_hint_written(&mut self, written: bool) {
+    /// The lower file carries `hint` now (the daemon may write it while the store lives on: a
+    /// FLUSH): a header recording another size removes it first. `written`: this call wrote it,
+    /// which moved the lower's ctime (a change to publish, as a landing's).
+    pub fn size_hint_written(&mut self, hint: SizeHint, written: bool) {
         self.size_hint_may_exist = true;
+        self.size_hint_on_lower = Some(hint);
         self.unpublished_changes |= written;
+    }
+
+    /// What this run knows of the lower file's size hint: the one it carries, if known
+    /// (`size_hint_on_lower`), and whether it may carry one at all.
+    pub fn size_hint_known(&self) -> (Option<SizeHint>, bool) {
+        (self.size_hint_on_lower, self.size_hint_may_exist)
     }
 
     /// The size the header on the lower file records, if it has one.
@@ -382,6 +395,7 @@ impl Store {
             unpublished_changes: false,
             gathered: None,
             size_hint_may_exist: true,
+            size_hint_on_lower: None,
         };
         (Store { lower, layout: header.layout, checksum: header.checksum, label }, state)
     }
@@ -733,6 +747,7 @@ impl Store {
             // The hint names the size the header is about to stop recording.
             super::hints::drop_size_hint(&self.lower)?;
             st.size_hint_may_exist = false;
+            st.size_hint_on_lower = None;
         }
         st.touch();
         let sequence = st.header_seq + 1;
