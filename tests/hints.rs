@@ -183,7 +183,21 @@ fn a_file_whose_size_changes_never_keeps_a_hint_of_the_old_size() {
     // Emptied, the lower file is empty, and keeps no hint.
     fs::write(m.path("a"), b"").unwrap();
     common::wait_until("an empty lower file without a hint", || fs::metadata(&lower_a).unwrap().len() == 0 && hint(&lower_a).is_none());
-    fs::write(m.path("a"), &data).unwrap();
+    // Times set on an open file (tar and cp -p set them as they close it) give it the hint of the
+    // size it has then; writing on past it removes that hint before the header grows.
+    let mut f = fs::OpenOptions::new().write(true).open(m.path("a")).unwrap();
+    f.write_all(&data[..20_000]).unwrap();
+    f.set_modified(std::time::SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1_000_000_000)).unwrap();
+    assert_eq!(hint(&lower_a).map(|h| h.size), Some(20_000), "the hint a utimensat gives");
+    f.write_all(&data[20_000..]).unwrap();
+    f.sync_all().unwrap();
+    let after_sync = hint(&lower_a);
+    assert!(
+        after_sync.is_none_or(|h| h.size == 30_000),
+        "a hint of the size at the utimensat outlived the header's change: {after_sync:?}"
+    );
+    drop(f);
+    hint_becomes(30_000);
     m.unmount();
     assert_eq!(hint(&lower_a).unwrap().size, 30_000);
     let m = Mount::new(&d.lower, &d.mnt, "");

@@ -478,7 +478,17 @@ impl DenseFs {
             };
             let before = self.written_back_count();
             let st = match inode.open_content() {
-                Some(Content::Container(c)) => c.set_times(set.mtime.is_some(), set_times)?,
+                Some(Content::Container(c)) => {
+                    if set.mtime.is_some() {
+                        // tar and cp -p set the times of a file just written as they close it:
+                        // its size hint goes on now, before the stat this reply is made of, and
+                        // the close finds nothing left to change on the lower (nor the kernel
+                        // anything to drop).
+                        c.flush_data()?;
+                        self.record_size_hint(&c);
+                    }
+                    c.set_times(set.mtime.is_some(), set_times)?
+                }
                 _ => set_times()?,
             };
             self.lower_changes_told_by_reply(&inode);

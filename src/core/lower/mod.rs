@@ -111,20 +111,28 @@ pub fn openat(dir: RawFd, name: &CStr, flags: libc::c_int, mode: u32) -> io::Res
 /// `f` creates, or the parent directory's default ACL instead, exactly as for a local caller.
 /// A thread's first call gives it a umask of its own (unshare(CLONE_FS), as virtiofsd does),
 /// so requests on other threads never see it.
+/// A thread knows its umask after its first call (what it puts back), so a caller whose umask
+/// is that already (0 for tar and cp -p as root, the daemon's being 0) costs no umask calls.
 pub fn with_umask<T>(umask: u32, f: impl FnOnce() -> io::Result<T>) -> io::Result<T> {
     thread_local! {
-        static OWN_UMASK: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+        /// This thread's own umask, once it has one (None: it shares the process's).
+        static OWN_UMASK: std::cell::Cell<Option<libc::mode_t>> = const { std::cell::Cell::new(None) };
     }
-    if !OWN_UMASK.get() {
+    let umask = (umask & 0o777) as libc::mode_t;
+    let own = OWN_UMASK.get();
+    if own == Some(umask) {
+        return f();
+    }
+    if own.is_none() {
         // SAFETY: unshare(CLONE_FS) only gives this thread its own copy of cwd, root and umask.
         check(unsafe { libc::unshare(libc::CLONE_FS) })?;
-        OWN_UMASK.set(true);
     }
     // SAFETY: umask cannot fail; it changes only this thread's (now private) umask.
-    let old = unsafe { libc::umask((umask & 0o777) as libc::mode_t) };
+    let old = unsafe { libc::umask(umask) };
     let result = f();
     // SAFETY: as above.
     unsafe { libc::umask(old) };
+    OWN_UMASK.set(Some(old));
     result
 }
 
