@@ -87,6 +87,9 @@ fn a_cold_listing_takes_sizes_from_hints_and_reads_no_headers() {
         }
         daemon_bytes_read(m) - before
     };
+    // Statuses over a second old: the listing keeps the sizes of the hints it read ahead,
+    // where newer ones are read again at each file's lookup.
+    std::thread::sleep(std::time::Duration::from_millis(1100));
     let m = Mount::new(&d.lower, &d.mnt, "");
     let with_hints = listed(&m);
     assert_eq!(fs::read(m.path("dir/f5")).unwrap(), compressible(file_sizes(5), 5), "a hinted file reads back");

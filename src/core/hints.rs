@@ -138,10 +138,11 @@ impl DenseFs {
         Some((hint.size, 1 << hint.record_shift))
     }
 
-    /// Whether the lower file `on` carries a hint this run trusts (its length not checked):
-    /// then a listing does not read its header ahead.
-    pub(super) fn has_trusted_hint(&self, on: XattrOn<'_>) -> bool {
-        self.hints.get().is_some_and(|h| h.trusted(on, None).is_some())
+    /// The hint this run trusts on the lower file `on` (its length not checked yet): a listing
+    /// then does not read the file's header ahead, and keeps the size it gives
+    /// (`DenseFs::keep_listed_size`).
+    pub(super) fn listed_hint(&self, on: XattrOn<'_>) -> Option<SizeHint> {
+        self.hints.get()?.trusted(on, None)
     }
 
     /// Gives a file whose last handle is closing the hint of its size, once its header records

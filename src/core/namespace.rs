@@ -3,6 +3,7 @@
 use super::inodes::Node;
 use super::lower::{self, cstr};
 use super::{Attr, Caller, DenseFs, DirEntry, FsError, FsResult, Kind};
+use crate::format::hints::SizeHint;
 use crate::format::layout::HEADER_BLOCK;
 use parking_lot::Mutex;
 use std::collections::{HashMap, VecDeque};
@@ -212,7 +213,7 @@ impl DenseFs {
         dir: &Node,
         name: &OsStr,
         listed: Option<(u64, bool)>,
-        opened: Option<(OwnedFd, libc::stat)>,
+        opened: Option<(OwnedFd, libc::stat, Option<SizeHint>)>,
         before: u64,
     ) -> FsResult<Attr> {
         let dev = dir.lower_id().0;
@@ -232,12 +233,13 @@ impl DenseFs {
                 st.st_mode & libc::S_IFMT == libc::S_IFREG
             }
         };
-        let readable = match opened {
-            Some(opened) => Some(opened),
-            None if surely_regular => {
-                lower::open_readable(dir.raw_fd(), name).ok().map(|fd| lower::stat_fd(fd.as_raw_fd()).map(|st| (fd, st))).transpose()?
-            }
-            None => None,
+        let (readable, listed_hint) = match opened {
+            Some((fd, st, hint)) => (Some((fd, st)), hint),
+            None if surely_regular => (
+                lower::open_readable(dir.raw_fd(), name).ok().map(|fd| lower::stat_fd(fd.as_raw_fd()).map(|st| (fd, st))).transpose()?,
+                None,
+            ),
+            None => (None, None),
         };
         let (fd, st, readable) = match readable {
             // Replaced by something else since the listing: a directory open for reading is
@@ -250,6 +252,9 @@ impl DenseFs {
             }
         };
         let inode = self.inodes.remember(parent, name, fd, readable, &st);
+        if let Some(hint) = listed_hint {
+            self.keep_listed_size(&inode, &st, &hint);
+        }
         match self.inode(inode.nodeid).and_then(|node| self.attr_with(&node, &st, before)) {
             Ok(attr) => Ok(attr),
             Err(e) => {
@@ -403,7 +408,7 @@ impl DenseFs {
             }
             let mut opened = self.read_headers_ahead(&dir, batch.iter().map(|(_, e)| e));
             while let Some((next, entry)) = batch.pop_front() {
-                let (opened_ahead, hinted) = opened.pop_front().flatten().map_or((None, false), |(fd, hinted)| (Some(fd), hinted));
+                let (opened_ahead, hint) = opened.pop_front().flatten().map_or((None, None), |(fd, hint)| (Some(fd), hint));
                 let linked = entry.name != "." && entry.name != "..";
                 let attr = if !linked {
                     // Not linked by the kernel: no lookup.
@@ -417,7 +422,7 @@ impl DenseFs {
                     let ahead = opened_ahead.and_then(|fd| {
                         let st = lower::stat_fd(fd.as_raw_fd()).ok()?;
                         let c = cstr(&entry.name).ok()?;
-                        (lower::id_at(dir.raw_fd(), &c) == Some((st.st_dev, st.st_ino))).then_some((fd, st))
+                        (lower::id_at(dir.raw_fd(), &c) == Some((st.st_dev, st.st_ino))).then_some((fd, st, hint))
                     });
                     match self.lookup_child(nodeid, &dir, &entry.name, Some((entry.ino, entry.surely_regular)), ahead, before) {
                         Ok(attr) => attr,
@@ -440,7 +445,7 @@ impl DenseFs {
                     return Ok(());
                 }
                 listing.handed_out(next);
-                if hinted {
+                if hint.is_some() {
                     self.listed.push(attr.ino);
                 }
                 emitted = true;
@@ -451,8 +456,12 @@ impl DenseFs {
     /// Opens the regular files of `batch` that no inode holds yet and starts reading the header
     /// blocks of those without a trusted size hint, without waiting: a cold `ls -l` waits for
     /// one header read per such file, and these are in flight together instead of one by one.
-    /// One slot per entry of `batch`: the descriptor, and whether a hint spared its header read.
-    fn read_headers_ahead<'a>(&self, dir: &Node, batch: impl Iterator<Item = &'a DirEntry>) -> VecDeque<Option<(OwnedFd, bool)>> {
+    /// One slot per entry of `batch`: the descriptor, and the hint that spared its header read.
+    fn read_headers_ahead<'a>(
+        &self,
+        dir: &Node,
+        batch: impl Iterator<Item = &'a DirEntry>,
+    ) -> VecDeque<Option<(OwnedFd, Option<SizeHint>)>> {
         let dev = dir.lower_id().0;
         batch
             .map(|entry| {
@@ -460,11 +469,11 @@ impl DenseFs {
                     return None;
                 }
                 let fd = lower::open_readable(dir.raw_fd(), &entry.name).ok()?;
-                let hinted = self.has_trusted_hint(lower::XattrOn::Fd(fd.as_fd()));
-                if !hinted {
+                let hint = self.listed_hint(lower::XattrOn::Fd(fd.as_fd()));
+                if hint.is_none() {
                     let _ = lower::will_need(&fd, 0, HEADER_BLOCK);
                 }
-                Some((fd, hinted))
+                Some((fd, hint))
             })
             .collect()
     }
