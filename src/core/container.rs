@@ -237,6 +237,18 @@ impl Container {
         Store::probe_fd(fd)
     }
 
+    /// [`Container::probe`], with the lower file's first block it read, for
+    /// [`Container::keep_first_block`].
+    pub fn probe_block(file: &File) -> Result<(Option<Header>, Box<[u8]>), crate::format::FormatError> {
+        Store::probe_block(std::os::fd::AsFd::as_fd(file))
+    }
+
+    /// A reader's open keeps the first block its probe read: group 0's descriptors lie in it, so
+    /// its first read reads them from memory (a small file's whole lower file, often).
+    pub fn keep_first_block(&self, block: Box<[u8]>) {
+        self.state.lock().store.keep_first_block(block);
+    }
+
     /// Turns a lower file into an empty container (emptying it). Nothing is written until the
     /// file gets data or a size: an empty file stays an empty lower file. `empty_since`: the
     /// caller knows the lower file is empty and since when (its mtime), saving a stat.

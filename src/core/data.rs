@@ -107,9 +107,12 @@ impl DenseFs {
         };
         // The properties of the directory the file is in decide how it is written.
         let settings = settings();
-        match Container::probe(&file) {
-            Ok(Some(header)) => {
+        match Container::probe_block(&file).map(|(header, block)| header.map(|h| (h, block))) {
+            Ok(Some((header, first_block))) => {
                 let c = Container::open(file, header, settings.record_policy(), self.engine.clone(), self.memory.clone(), None, writable)?;
+                if !writable {
+                    c.keep_first_block(first_block);
+                }
                 Ok(Content::Container(Arc::new(c)))
             }
             Ok(None) if writable && file.metadata()?.len() == 0 => self.new_container(file, None, &settings),

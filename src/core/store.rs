@@ -125,6 +125,10 @@ pub struct StoreState {
     /// of the daemon's came after (`touch` forgets it): a close that would give the file the
     /// same hint has nothing to stat, read or write.
     size_hint_on_lower: Option<SizeHint>,
+    /// The lower file's first block as the open that probed its header read it (the file's
+    /// length, where shorter), while no write of the daemon's came after (`touch` drops it):
+    /// group 0's table lies in it, and a small file's first read need not read it again.
+    first_block: Option<Box<[u8]>>,
 }
 
 /// An uncompressed copy in a slot: the descriptor it was written with (a slot whose descriptor
@@ -154,6 +158,7 @@ impl StoreState {
         self.mtime_to_restore = true;
         self.unpublished_changes = true;
         self.size_hint_on_lower = None;
+        self.first_block = None;
     }
 
     /// Whether the daemon changed the lower file since the last call: attributes read before
@@ -181,6 +186,11 @@ impl StoreState {
         self.size_hint_may_exist = true;
         self.size_hint_on_lower = Some(hint);
         self.unpublished_changes |= written;
+    }
+
+    /// Keeps the first block the open's probe read (`first_block`), for group 0's table.
+    pub fn keep_first_block(&mut self, block: Box<[u8]>) {
+        self.first_block = Some(block);
     }
 
     /// What this run knows of the lower file's size hint: the one it carries, if known
@@ -315,12 +325,20 @@ impl Store {
 
     /// [`Store::probe`] of a descriptor open for reading.
     pub fn probe_fd(fd: BorrowedFd<'_>) -> Result<Option<Header>, FormatError> {
+        Self::probe_block(fd).map(|(header, _)| header)
+    }
+
+    /// [`Store::probe_fd`], with the block it read (as long as the file, where shorter): for
+    /// `StoreState::keep_first_block`.
+    pub fn probe_block(fd: BorrowedFd<'_>) -> Result<(Option<Header>, Box<[u8]>), FormatError> {
         let mut block = vec![0u8; HEADER_BLOCK as usize];
         let n = lower::pread_full_fd(fd, &mut block, 0).map_err(|_| FormatError::BadHeader)?;
-        match Header::decode(&block[..n])? {
-            None if n > 0 && block[..n].iter().all(|&b| b == 0) => Ok(Self::birth_header(fd)),
-            found => Ok(found),
-        }
+        block.truncate(n);
+        let header = match Header::decode(&block)? {
+            None if n > 0 && block.iter().all(|&b| b == 0) => Self::birth_header(fd),
+            found => found,
+        };
+        Ok((header, block.into_boxed_slice()))
     }
 
     fn birth_header(fd: BorrowedFd<'_>) -> Option<Header> {
@@ -396,6 +414,7 @@ impl Store {
             gathered: None,
             size_hint_may_exist: true,
             size_hint_on_lower: None,
+            first_block: None,
         };
         (Store { lower, layout: header.layout, checksum: header.checksum, label }, state)
     }
@@ -465,6 +484,23 @@ impl Store {
         Ok(decode_table(&block, group, self.layout))
     }
 
+    /// Group 0's table as `read_table` would read it, from the lower file's first block (None
+    /// where the table reaches past a block that did not end the file).
+    fn table_in_first_block(&self, block: &[u8]) -> Option<Box<[Pair]>> {
+        let at = self.layout.group_to_table_off(0) as usize;
+        let end = at + TABLE_SIZE as usize;
+        if end > block.len() && block.len() == HEADER_BLOCK as usize {
+            return None;
+        }
+        // Past the file's end the table reads as zeros, as `pread_full` leaves them.
+        let mut table = vec![0u8; TABLE_SIZE as usize];
+        if at < block.len() {
+            let have = &block[at..end.min(block.len())];
+            table[..have.len()].copy_from_slice(have);
+        }
+        Some(decode_table(&table, 0, self.layout))
+    }
+
     /// Formats 4 to 6: asks the lower file system for the table blocks of `groups` (at most 4096 of
     /// them) without waiting: they lie apart from the packed copies, and a sequential reader
     /// would otherwise stop for each one.
@@ -484,7 +520,11 @@ impl Store {
         if let Some(table) = st.tables.get(&group) {
             return Ok(table[index]);
         }
-        let mut table = self.read_table(group)?;
+        let first_block = if group == 0 { st.first_block.take() } else { None };
+        let mut table = match first_block.and_then(|block| self.table_in_first_block(&block)) {
+            Some(table) => table,
+            None => self.read_table(group)?,
+        };
         if st.healed.insert(group) {
             self.heal(st, group, &mut table)?;
             // A run that only reads keeps the healed view in memory and writes no header.

@@ -163,18 +163,15 @@ pub fn reopen_read(path_fd: RawFd, noatime: bool) -> io::Result<File> {
 /// what a descriptor first opened for the daemon's own header reads needs when it starts
 /// serving a reader's content, and again when it goes back to the daemon.
 pub fn set_noatime(file: &File, noatime: bool) -> io::Result<()> {
-    // SAFETY: F_GETFL takes no argument and only reads the descriptor `file` owns.
-    let flags = check(unsafe { libc::fcntl(file.as_raw_fd(), libc::F_GETFL) })?;
-    let plain = flags & !(libc::O_NOATIME | libc::O_NONBLOCK);
-    let wanted = if noatime { plain | libc::O_NOATIME } else { plain };
-    if wanted == flags {
-        return Ok(());
-    }
+    // F_SETFL sets exactly the status flags it may change (O_APPEND, O_ASYNC, O_DIRECT,
+    // O_NOATIME, O_NONBLOCK), and the daemon's lower descriptors carry none of the others: one
+    // call, with no F_GETFL first (a reader's open and close each made both).
+    let wanted = if noatime { libc::O_NOATIME } else { 0 };
     // SAFETY: F_SETFL takes an int of flags and changes only the descriptor's status flags.
     match check(unsafe { libc::fcntl(file.as_raw_fd(), libc::F_SETFL, wanted) }) {
         // SAFETY: as above.
         Err(e) if noatime && e.raw_os_error() == Some(libc::EPERM) => {
-            check(unsafe { libc::fcntl(file.as_raw_fd(), libc::F_SETFL, plain) }).map(drop)
+            check(unsafe { libc::fcntl(file.as_raw_fd(), libc::F_SETFL, 0) }).map(drop)
         }
         other => other.map(drop),
     }
