@@ -5,8 +5,9 @@
 //! - a writing run marks itself running in the record, durably, before it writes any hint,
 //!   and marks itself ended only after its last write back and a `syncfs` of the lower;
 //! - a hint is written when a file's last handle closes (at the FLUSH of its only handle,
-//!   which close(2) waits for, else at the last RELEASE), once its header on the lower
-//!   records the size the file has;
+//!   which close(2) waits for, else at the last RELEASE), or when a user sets the mtime of an
+//!   open file (tar and cp -p do as they close it), once its header on the lower records the
+//!   size the file has;
 //! - before a header records another size, the store removes the file's hint (`Store`), so a
 //!   run never leaves a hint behind that its own header contradicts.
 //!
