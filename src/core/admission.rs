@@ -57,8 +57,9 @@ struct Sample {
     released: u64,
 }
 
-/// The last look at the free space of the file system one file is on: each file keeps its own,
-/// as a lower directory may hold other file systems' mount points.
+/// The last look at the free space of the file system a file is on: files share one per lower
+/// device (`Memory::free_space_of`), as a lower directory may hold other file systems' mount
+/// points.
 #[derive(Default)]
 pub struct FreeSpaceSample(Mutex<Sample>);
 

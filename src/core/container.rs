@@ -38,7 +38,7 @@ use std::collections::HashSet;
 use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use tracing::{error, warn};
 
 /// Dirty bytes per file before all dirty records are handed to the engine.
@@ -64,7 +64,9 @@ pub struct Container {
     engine: Arc<Engine>,
     memory: Arc<Memory>,
     /// The free space of the lower file system, as last seen by a write (`admission.rs`).
-    free_space: FreeSpaceSample,
+    /// The free-space sample write admission reads, shared with the other files on the same
+    /// lower device once the file system gives it (`share_free_space`), else the file's own.
+    free_space: OnceLock<Arc<FreeSpaceSample>>,
     slot_io: RwLock<()>,
     state: Mutex<State>,
     /// Signalled whenever a record lands (or is dropped from flight).
@@ -311,7 +313,7 @@ impl Container {
             store,
             engine,
             memory: memory.clone(),
-            free_space: FreeSpaceSample::default(),
+            free_space: OnceLock::new(),
             slot_io: RwLock::new(()),
             state: Mutex::new(State {
                 policy,
@@ -417,6 +419,11 @@ impl Container {
             && st.buffers.all_landed()
             && st.store.recorded_size() == Some(st.store.size);
         settled.then(|| (st.store.size, self.layout().record_shift()))
+    }
+
+    /// Has write admission read `sample`, the one the files on this file's lower device share.
+    pub fn share_free_space(&self, sample: Arc<FreeSpaceSample>) {
+        let _ = self.free_space.set(sample);
     }
 
     /// The lower file carries `hint` now (`StoreState::size_hint_written`).
@@ -721,7 +728,8 @@ impl Container {
         }
         self.wait_for_room();
         self.memory.wait_for_room();
-        self.memory.admit_write(self.store.lower().as_raw_fd(), data.len() as u64, &self.free_space)?;
+        let free_space = self.free_space.get_or_init(Default::default);
+        self.memory.admit_write(self.store.lower().as_raw_fd(), data.len() as u64, free_space)?;
         self.state.lock().store.user_changed();
         let layout = self.layout();
         let rs = layout.record_size() as usize;

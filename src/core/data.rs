@@ -92,6 +92,14 @@ impl DenseFs {
     /// `created`: the inode's descriptor is the lower file `create` just opened read-write,
     /// and this is its stat.
     pub(super) fn load_content(&self, inode: &Node, writable: bool, created: Option<libc::stat>) -> FsResult<Content> {
+        let content = self.load_content_of(inode, writable, created)?;
+        if let Content::Container(c) = &content {
+            c.share_free_space(self.memory.free_space_of(inode.lower_id().0));
+        }
+        Ok(content)
+    }
+
+    fn load_content_of(&self, inode: &Node, writable: bool, created: Option<libc::stat>) -> FsResult<Content> {
         let settings = || self.settings_in(self.inodes.parent_of(inode.nodeid).unwrap_or(super::ROOT));
         let file = match created {
             // A new file: nothing to probe (a network lower answers each call a round trip later).
@@ -340,6 +348,12 @@ impl DenseFs {
     /// Last reference to a handle. When the file's last handle goes, its content is flushed and,
     /// if records were rewritten, synced so their old copies can be freed.
     pub fn release(&self, fh: u64) {
+        self.release_handle(fh);
+        // The kernel may have forgotten the inode while this held its lock.
+        self.inodes.retry_deferred_forgets();
+    }
+
+    fn release_handle(&self, fh: u64) {
         let Some(handle) = self.handles.lock().remove(&fh) else { return };
         let inode = &handle.inode;
         let mut open = inode.open.lock();

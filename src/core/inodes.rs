@@ -185,6 +185,8 @@ pub struct InodeTable {
     handle_root: Option<OwnedFd>,
     clock: AtomicU64,
     open_fds: AtomicUsize,
+    /// `Tables::forgets_deferred` may hold inodes.
+    forgets_deferred: AtomicBool,
     fd_budget: usize,
     /// Evict when `open_fds` passes this: the budget, or above it after an eviction that found
     /// too few descriptors to close (files held open), so that each further open does not scan
@@ -196,6 +198,9 @@ struct Tables {
     by_id: HashMap<u64, Entry>,
     remapped: HashMap<(u64, u64), u64>,
     next_remapped: u64,
+    /// Inodes the kernel forgot while their `open` lock was busy (`forget`), to let go of again
+    /// once it is free.
+    forgets_deferred: Vec<u64>,
 }
 
 fn errno(e: i32) -> io::Error {
@@ -229,11 +234,12 @@ impl InodeTable {
         let mut remapped = HashMap::new();
         remapped.insert((root_dev, root_ino), ROOT);
         InodeTable {
-            inner: Mutex::new(Tables { by_id, remapped, next_remapped: REMAPPED_BASE }),
+            inner: Mutex::new(Tables { by_id, remapped, next_remapped: REMAPPED_BASE, forgets_deferred: Vec::new() }),
             root_dev,
             handle_root,
             clock: AtomicU64::new(0),
             open_fds: AtomicUsize::new(1),
+            forgets_deferred: AtomicBool::new(false),
             fd_budget: fd_budget.max(64),
             evict_above: AtomicUsize::new(fd_budget.max(64)),
         }
@@ -597,11 +603,24 @@ impl InodeTable {
         let mut t = self.inner.lock();
         let Some(e) = t.by_id.get_mut(&nodeid) else { return };
         e.lookups = e.lookups.saturating_sub(n);
+        if e.lookups != 0 {
+            return;
+        }
         // An inode whose content is still in memory stays, so that a new lookup finds that
         // content rather than the stale lower file. (try_lock: the lock order is open →
-        // table, and a busy inode is in use anyway.)
-        let pinned = e.inode.open.try_lock().is_none_or(|open| open.content.is_some());
-        if e.lookups == 0 && !pinned {
+        // table. A busy inode is let go of once its lock is free, `retry_deferred_forgets`:
+        // kept until some later FORGET, an unlinked file's descriptor kept its blocks from the
+        // lower, and a full disk stayed full after the rm.)
+        let Some(open) = e.inode.open.try_lock() else {
+            if !t.forgets_deferred.contains(&nodeid) {
+                t.forgets_deferred.push(nodeid);
+                self.forgets_deferred.store(true, Ordering::Relaxed);
+            }
+            return;
+        };
+        let pinned = open.content.is_some();
+        drop(open);
+        if !pinned {
             let e = t.by_id.remove(&nodeid).expect("BUG: entry present");
             // Closed with the table unlocked: the last close of an unlinked file frees its
             // blocks on the lower (a journal transaction), and `rm -rf` sends the FORGET of
@@ -612,6 +631,18 @@ impl InodeTable {
                 self.open_fds.fetch_sub(1, Ordering::Relaxed);
             }
             drop(fd);
+        }
+    }
+
+    /// Lets go of the inodes `forget` found busy, where they are free now (a closing handle
+    /// and the writeback tick call this).
+    pub fn retry_deferred_forgets(&self) {
+        if !self.forgets_deferred.swap(false, Ordering::Relaxed) {
+            return;
+        }
+        let deferred = std::mem::take(&mut self.inner.lock().forgets_deferred);
+        for nodeid in deferred {
+            self.forget(nodeid, 0);
         }
     }
 
@@ -725,5 +756,25 @@ mod tests {
         let (_, open) = table.census();
         assert!(open <= 64, "{open} descriptors once the files closed");
         assert_eq!(table.evict_above.load(Ordering::Relaxed), 64);
+    }
+
+    #[test]
+    fn an_inode_forgotten_while_busy_is_let_go_of_once_free() {
+        let (dir, table) = table_over(1, 64);
+        let inode = look_up(&table, 0);
+        let (inodes, fds) = table.census();
+        // The kernel forgets it while a request holds its lock (a RELEASE closing it, say): an
+        // unlinked file kept its blocks from the lower until some later FORGET, if any came.
+        let busy = inode.open.lock();
+        table.forget(inode.nodeid, 1);
+        assert_eq!(table.census(), (inodes, fds), "kept while busy");
+        table.retry_deferred_forgets();
+        assert_eq!(table.census(), (inodes, fds), "still busy: kept again");
+        drop(busy);
+        table.retry_deferred_forgets();
+        assert_eq!(table.census(), (inodes - 1, fds - 1), "let go of once free");
+        assert!(inode.place.lock().fd.is_none(), "its descriptor is closed");
+        assert!(table.node(inode.nodeid).is_err(), "gone from the table");
+        drop(dir);
     }
 }

@@ -7,9 +7,10 @@
 
 use super::admission::{FreeSpaceSample, Hooks, WriteAdmission};
 use parking_lot::{Condvar, Mutex};
+use std::collections::HashMap;
 use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 /// How long a writer waits for room before it goes on anyway (landing may be failing, e.g. on a
@@ -26,6 +27,10 @@ pub struct Memory {
     /// Frees the old copies every file keeps for its next sync (set once by the file system).
     reclaim: OnceLock<Box<dyn Fn() + Send + Sync>>,
     admission: WriteAdmission,
+    /// One free-space sample per lower file system (by device): a file's first write finds
+    /// it fresh where another file's write took it, instead of asking the lower (a statfs, a
+    /// round trip on a network lower) for each new file.
+    free_space: Mutex<HashMap<u64, Arc<FreeSpaceSample>>>,
 }
 
 impl Memory {
@@ -38,7 +43,13 @@ impl Memory {
             kick: OnceLock::new(),
             reclaim: OnceLock::new(),
             admission: WriteAdmission::default(),
+            free_space: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// The free-space sample the files on lower device `dev` share.
+    pub fn free_space_of(&self, dev: u64) -> Arc<FreeSpaceSample> {
+        self.free_space.lock().entry(dev).or_default().clone()
     }
 
     pub fn limit(&self) -> usize {

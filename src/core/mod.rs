@@ -552,6 +552,7 @@ impl DenseFs {
         }
         self.recheck_settling();
         self.retry_unwritten();
+        self.inodes.retry_deferred_forgets();
     }
 
     /// Files closed while their data could not be written: retries them, lets go of those that
