@@ -63,8 +63,7 @@ pub struct Container {
     store: Store,
     engine: Arc<Engine>,
     memory: Arc<Memory>,
-    /// The free space of the lower file system, as last seen by a write (`admission.rs`).
-    /// The free-space sample write admission reads, shared with the other files on the same
+    /// The free-space sample write admission reads (`admission.rs`), shared with the other files on the same
     /// lower device once the file system gives it (`share_free_space`), else the file's own.
     free_space: OnceLock<Arc<FreeSpaceSample>>,
     slot_io: RwLock<()>,
