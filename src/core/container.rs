@@ -42,7 +42,7 @@ use std::sync::{Arc, OnceLock};
 use tracing::{error, warn};
 
 /// Dirty bytes per file before all dirty records are handed to the engine.
-const DIRTY_LIMIT: usize = 64 << 20;
+pub(super) const DIRTY_LIMIT: usize = 64 << 20;
 /// Bytes per file in the engine before a writer waits: at least this, and up to half the memory
 /// budget (`cache_size`). A GPU is busy only with hundreds of records at once (nvCOMP's Deflate
 /// takes about 0.4 s a batch on an H200), so a mount with a larger budget keeps it busier.

@@ -1,8 +1,8 @@
 //! Size changes (truncate, zero_range) and SEEK_DATA / SEEK_HOLE.
 
-use super::{Container, State};
+use super::{Container, State, DIRTY_LIMIT};
 use crate::core::error::{FsError, FsResult};
-use crate::format::layout::GROUP_RECORDS;
+use crate::format::layout::{Piece, GROUP_RECORDS};
 use std::sync::Arc;
 
 impl Container {
@@ -59,7 +59,9 @@ impl Container {
         result
     }
 
-    /// Sets `[offset, offset + len)` to zeros (records wholly inside become holes).
+    /// Sets `[offset, offset + len)` to zeros (records wholly inside become holes). Records that
+    /// are holes already are skipped, found as SEEK_DATA finds data: punching a sparse file's
+    /// holes (`cp --sparse=always` punches up to the end) costs nothing and writes nothing.
     pub fn zero_range(self: &Arc<Self>, offset: u64, len: u64) -> FsResult<()> {
         let size = self.size();
         let end = offset.saturating_add(len).min(size);
@@ -69,19 +71,50 @@ impl Container {
         self.state.lock().store.user_changed();
         let layout = self.layout();
         let rs = layout.record_size() as usize;
-        for p in layout.split(offset, end - offset) {
-            let keep = layout.record_len_in_size(p.record, size);
-            let whole = p.skip == 0 && p.len >= keep;
-            let (_io, mut st) = self.lock_for_edit(p.record, p.is_partial(rs) && !whole)?;
-            st.rewriting.remove(&p.record);
-            let mut buf = st.buffers.take_dirty(p.record).unwrap_or_default();
+        let last = layout.plain_off_to_record(end - 1);
+        let mut record = layout.plain_off_to_record(offset);
+        while record <= last {
+            let record_off = layout.record_to_plain_off(record);
+            let skip = offset.saturating_sub(record_off) as usize;
+            let stop = (record_off + rs as u64).min(end);
+            let piece = Piece { record, skip, len: (stop - record_off) as usize - skip };
+            let keep = layout.record_len_in_size(record, size);
+            let whole = skip == 0 && piece.len >= keep;
+            if whole {
+                let next = {
+                    let _io = self.slot_io.read();
+                    self.next_data_record(&mut self.state.lock(), record, last + 1)?
+                };
+                match next {
+                    Some(data) if data > record => {
+                        record = data;
+                        continue;
+                    }
+                    Some(_) => {}
+                    None => break,
+                }
+            }
+            let (io, mut st) = self.lock_for_edit(record, piece.is_partial(rs) && !whole)?;
+            st.rewriting.remove(&record);
+            let mut buf = st.buffers.take_dirty(record).unwrap_or_default();
             if whole {
                 buf = vec![0u8; keep];
-            } else if buf.len() > p.skip {
-                let stop = (p.skip + p.len).min(buf.len());
-                buf[p.skip..stop].fill(0);
+            } else if buf.len() > skip {
+                let stop = (skip + piece.len).min(buf.len());
+                buf[skip..stop].fill(0);
             }
-            st.buffers.put_dirty(p.record, buf);
+            st.buffers.put_dirty(record, buf);
+            // Zeroed records are compressed (to holes) as written ones are: a punch across
+            // gigabytes of data holds no more of them in memory than writes would.
+            if st.buffers.dirty_bytes() > DIRTY_LIMIT.min(self.memory.limit() / 2) {
+                drop(io);
+                let dirty = st.buffers.dirty_records();
+                let jobs = self.prepare(&mut st, &dirty);
+                drop(st);
+                self.engine.submit(jobs);
+                self.wait_for_room();
+            }
+            record += 1;
         }
         Ok(())
     }
