@@ -184,3 +184,33 @@ fn a_burst_of_writers_faster_than_the_codec_stays_within_the_memory_budget() {
     }
     m.unmount();
 }
+
+/// Hundreds of files open at once, each holding part of a record (a demultiplexer writing one
+/// output per sample does this): once their records fill `cache_size`, a write must not wait for
+/// room that only a close would free. Landed records the files kept decoded for reads once held
+/// the whole budget, and every later write waited two seconds (the wait's bound) for nothing.
+#[test]
+fn hundreds_of_open_files_with_partial_records_never_leave_a_writer_waiting() {
+    const SMALL_CACHE: u64 = 16 << 20;
+    let d = Dirs::new();
+    let m = Mount::new(&d.lower, &d.mnt, &format!("compression=lz4,cache_size={SMALL_CACHE}"));
+    let pid = m.child.as_ref().unwrap().id();
+    fs::create_dir(m.path("samples")).unwrap();
+    let data = random_bytes(100 << 10, 3); // most of a 128 KiB record
+    let mut files = Vec::new();
+    for i in 0..400 {
+        let f = OpenOptions::new().write(true).create(true).truncate(true).open(m.path(&format!("samples/{i}"))).unwrap();
+        let start = Instant::now();
+        f.write_all_at(&data, 0).unwrap();
+        // A write that waited for room stayed blocked for the whole bound (2 s).
+        assert!(start.elapsed() < Duration::from_millis(1500), "write {i} waited {:?} for memory", start.elapsed());
+        files.push(f);
+    }
+    drop(files);
+    let peak_rss = status_kb(pid, "VmHWM:") << 10;
+    assert!(peak_rss <= SMALL_CACHE + CONSTANT, "daemon peak RSS {} MiB over the bound", peak_rss >> 20);
+    for i in 0..400 {
+        assert!(fs::read(m.path(&format!("samples/{i}"))).unwrap() == data, "samples/{i}");
+    }
+    m.unmount();
+}

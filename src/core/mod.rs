@@ -524,10 +524,17 @@ impl DenseFs {
         (self.memory.used(), self.memory.limit())
     }
 
-    /// Hands every dirty record of every open file to the engine, without waiting.
+    /// Hands every dirty record of every open file to the engine, without waiting. Over the
+    /// budget, the decoded records open files keep for their next reads go too: they are the
+    /// only memory freed without I/O, and thousands of open files each keeping its last landed
+    /// record would otherwise hold the whole budget, leaving every writer to wait it out.
     fn start_writeback(&self) {
+        let over = self.memory.over();
         for content in self.inodes.open_contents() {
             if let Content::Container(c) = content {
+                if over {
+                    c.drop_cached_records();
+                }
                 if let Err(e) = c.writeback() {
                     tracing::warn!("writeback: {e}");
                 }

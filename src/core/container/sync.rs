@@ -74,6 +74,11 @@ impl Container {
         Ok(())
     }
 
+    /// Lets go of the decoded records kept for reads (they are on the lower file).
+    pub fn drop_cached_records(&self) {
+        self.state.lock().buffers.clear_clean();
+    }
+
     /// Background writeback (every few seconds): starts compressing every dirty record without
     /// waiting, and records the size once nothing is in flight, so a crash loses little.
     pub fn writeback(self: &Arc<Self>) -> FsResult<()> {
