@@ -239,3 +239,34 @@ fn cp_a_and_rsync_ax_keep_symlink_xattrs() {
     assert_eq!(dump(&back), want);
     m.unmount();
 }
+
+/// `ls -l` asks every entry for its SELinux label. Without SELinux on the host, a file with no
+/// label says labels are unsupported (EOPNOTSUPP, not ENODATA), which makes `ls` stop asking
+/// for the rest of the mount; a label that is set is read, shown and removed as on ext4.
+#[test]
+fn an_unlabelled_file_says_labels_are_unsupported_and_a_set_label_still_reads_back() {
+    let selinux = Path::new("/sys/fs/selinux/enforce").exists();
+    let d = Dirs::new();
+    let m = Mount::new(&d.lower, &d.mnt, "");
+    let (plain, labelled) = (m.path("plain"), m.path("labelled"));
+    fs::write(&plain, random_bytes(1000, 1)).unwrap();
+    fs::write(&labelled, random_bytes(1000, 2)).unwrap();
+    let absent = if selinux { libc::ENODATA } else { libc::EOPNOTSUPP };
+    assert_eq!(lget(&plain, "security.selinux"), Err(absent));
+    if !selinux {
+        let label = b"system_u:object_r:user_home_t:s0";
+        lset(&labelled, "security.selinux", label, 0).unwrap();
+        assert_eq!(lget(&labelled, "security.selinux").unwrap(), label);
+        // One `ls` each: after a file without a label, `ls` asks no other file of the mount.
+        let mode = |p: &Path| {
+            let ls = Command::new("ls").arg("-l").arg(p).output().unwrap();
+            String::from_utf8_lossy(&ls.stdout).split(' ').next().unwrap().to_string()
+        };
+        assert_eq!((mode(&labelled).as_str(), mode(&plain).as_str()), ("-rw-r--r--.", "-rw-r--r--"));
+        lremove(&labelled, "security.selinux").unwrap();
+        assert_eq!(lget(&labelled, "security.selinux"), Err(libc::EOPNOTSUPP));
+    }
+    // Other security attributes still answer ENODATA when absent.
+    assert_eq!(lget(&plain, "security.capability"), Err(libc::ENODATA));
+    m.unmount();
+}

@@ -29,6 +29,18 @@ const REPORT_REUSE: Duration = Duration::from_secs(10);
 /// `Inode::no_capability` when the lower is known to have none.
 const CAPABILITY: &str = "security.capability";
 
+/// Asked of every entry by `ls -l` (libselinux's lgetfilecon, for the `.` after the mode).
+/// Without SELinux on this host, a file that has no label answers EOPNOTSUPP instead of
+/// ENODATA: `ls` then stops asking for the rest of the mount (coreutils keeps the last device
+/// that said so), which halves the requests a cold `ls -l` makes. A label that is there is
+/// still read, and set or removed, as any other attribute.
+const SELINUX_LABEL: &str = "security.selinux";
+
+fn selinux_enabled() -> bool {
+    static ENABLED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ENABLED.get_or_init(|| std::path::Path::new("/sys/fs/selinux/enforce").exists())
+}
+
 impl DenseFs {
     /// What the xattr calls take for `nodeid`: its descriptor kept open (in the node) while
     /// the call runs, and its /proc path unless that descriptor is open for reading.
@@ -94,6 +106,9 @@ impl DenseFs {
                 Err(e) if e.raw_os_error() == Some(libc::ENODATA) => {
                     if let Some(inode) = &capability {
                         inode.no_capability.store(true, Ordering::Relaxed);
+                    }
+                    if name.as_bytes() == SELINUX_LABEL.as_bytes() && !selinux_enabled() {
+                        return Err(FsError::errno(libc::EOPNOTSUPP));
                     }
                     return Err(e.into());
                 }
