@@ -165,7 +165,10 @@ impl Buffers {
             return None;
         }
         let changed = self.changed.get(&record).copied().unwrap_or(Changed::All);
-        let buf = self.take_dirty(record)?;
+        let len = self.dirty.get(&record)?.len();
+        // Charged in flight before the dirty charge goes (see `requeue_inflight`).
+        self.memory.charge_unlanded(len);
+        let buf = self.take_dirty(record).expect("dirty under the same borrow");
         if buf.is_empty() {
             return None;
         }
@@ -174,7 +177,6 @@ impl Buffers {
         let data = Arc::new(buf);
         let only_if_smaller = only_if_smaller();
         self.inflight_bytes += data.len();
-        self.memory.charge_unlanded(data.len());
         self.inflight.insert(record, InFlight { seq, data: data.clone(), changed, only_if_smaller });
         Some((seq, data))
     }
@@ -184,6 +186,24 @@ impl Buffers {
         self.inflight_bytes -= f.data.len();
         self.memory.release_unlanded(f.data.len());
         Some(f)
+    }
+
+    /// A version that could not land goes back to dirty (unless a newer one is dirty already),
+    /// charged as dirty before its in-flight charge goes: `df` and the admission of writes read
+    /// the unlanded count without this file's lock, and must never see the bytes leave.
+    pub fn requeue_inflight(&mut self, record: u64) -> Option<InFlight> {
+        let f = self.inflight.remove(&record)?;
+        self.inflight_bytes -= f.data.len();
+        if !self.dirty.contains_key(&record) {
+            self.put(record, f.data.to_vec(), Changed::All);
+        }
+        self.memory.release_unlanded(f.data.len());
+        Some(f)
+    }
+
+    /// Nothing dirty, and nothing in flight but `record`.
+    pub fn only_in_flight(&self, record: u64) -> bool {
+        self.dirty.is_empty() && self.inflight.len() == 1 && self.inflight.contains_key(&record)
     }
 
     // ---- clean and all -----------------------------------------------------------------

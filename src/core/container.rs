@@ -848,27 +848,25 @@ impl Container {
             }
             Err(e) => Err(FsError::new(libc::EIO, format!("compressing record {record}: {e}"))),
         };
-        let flight = st.buffers.take_inflight(record).expect("BUG: in-flight record vanished under the lock");
         let outcome = outcome.and_then(|()| {
-            if gathering && st.buffers.all_landed() {
+            if gathering && st.buffers.only_in_flight(record) {
                 self.store.write_header(&mut st.store) // writes the gathered block too
             } else {
                 Ok(self.store.write_gathered(&mut st.store)?)
             }
         });
         if let Err(e) = outcome {
+            // Keep the data: a later flush retries once the cause (say, a full disk) is gone.
+            st.buffers.requeue_inflight(record);
             error!(file = %self.store.label(), record, "cannot write record: {e}");
             if matches!(e.errno, libc::ENOSPC | libc::EDQUOT) {
                 self.memory.admission().landing_found_no_room();
             }
             stored = 0;
             st.store.forget_raw_copies(record);
-            // Keep the data: a later flush retries once the cause (say, a full disk) is gone.
-            if !st.buffers.is_dirty(record) {
-                st.buffers.put_dirty(record, flight.data.to_vec());
-            }
             st.write_error = Some(e);
         } else {
+            let flight = st.buffers.take_inflight(record).expect("BUG: in-flight record vanished under the lock");
             st.buffers.remember_clean(record, &flight.data);
         }
         self.landed.notify_all();
