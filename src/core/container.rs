@@ -42,7 +42,7 @@ use std::sync::{Arc, OnceLock};
 use tracing::{error, warn};
 
 /// Dirty bytes per file before all dirty records are handed to the engine.
-pub(super) const DIRTY_LIMIT: usize = 64 << 20;
+const DIRTY_LIMIT: usize = 64 << 20;
 /// Bytes per file in the engine before a writer waits: at least this, and up to half the memory
 /// budget (`cache_size`). A GPU is busy only with hundreds of records at once (nvCOMP's Deflate
 /// takes about 0.4 s a batch on an H200), so a mount with a larger budget keeps it busier.
@@ -750,13 +750,18 @@ impl Container {
         }
         let jobs = {
             let mut st = self.state.lock();
-            if st.buffers.dirty_bytes() > DIRTY_LIMIT.min(self.memory.limit() / 2) {
+            if self.dirty_over_limit(&st) {
                 ready = st.buffers.dirty_records();
             }
             self.prepare(&mut st, &ready)
         };
         self.engine.submit(jobs);
         Ok(data.len())
+    }
+
+    /// Whether this file holds so many dirty bytes that all of them go to the engine now.
+    fn dirty_over_limit(&self, st: &State) -> bool {
+        st.buffers.dirty_bytes() > DIRTY_LIMIT.min(self.memory.limit() / 2)
     }
 
     /// Moves the given dirty records into flight and builds their engine jobs. Records already in

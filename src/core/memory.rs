@@ -1,7 +1,8 @@
 //! One memory budget for the file data of every open file (`cache_size=`): records dirty in
 //! memory, in flight to the engine, or cached decoded are all charged here. A writer that finds
 //! the budget spent starts writeback of every open file (which also drops their cached decoded
-//! records) and waits (briefly) for landings to free room, so the daemon's memory stays near `cache_size` however many files are written at once.
+//! records) and waits (briefly) for landings to free room, so the daemon's memory stays near
+//! `cache_size` however many files are written at once.
 //! The dirty and in-flight bytes are also what the lower file system still has to find room for
 //! (`admission.rs`): they are charged there too.
 

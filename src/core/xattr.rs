@@ -96,6 +96,7 @@ impl DenseFs {
         }
         // The inode whose `no_capability` answers for the lower, when the name is the capability.
         let capability = if name == CAPABILITY { Some(self.inode(nodeid)?) } else { None };
+        let absent_label_unsupported = name == SELINUX_LABEL && !selinux_enabled();
         if capability.as_ref().is_some_and(|i| i.no_capability.load(Ordering::Relaxed)) {
             return Err(FsError::errno(libc::ENODATA));
         }
@@ -107,7 +108,7 @@ impl DenseFs {
                     if let Some(inode) = &capability {
                         inode.no_capability.store(true, Ordering::Relaxed);
                     }
-                    if name.as_bytes() == SELINUX_LABEL.as_bytes() && !selinux_enabled() {
+                    if absent_label_unsupported {
                         return Err(FsError::errno(libc::EOPNOTSUPP));
                     }
                     return Err(e.into());

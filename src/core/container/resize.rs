@@ -1,8 +1,8 @@
 //! Size changes (truncate, zero_range) and SEEK_DATA / SEEK_HOLE.
 
-use super::{Container, State, DIRTY_LIMIT};
+use super::{Container, State};
 use crate::core::error::{FsError, FsResult};
-use crate::format::layout::{Piece, GROUP_RECORDS};
+use crate::format::layout::GROUP_RECORDS;
 use std::sync::Arc;
 
 impl Container {
@@ -74,12 +74,10 @@ impl Container {
         let last = layout.plain_off_to_record(end - 1);
         let mut record = layout.plain_off_to_record(offset);
         while record <= last {
-            let record_off = layout.record_to_plain_off(record);
-            let skip = offset.saturating_sub(record_off) as usize;
-            let stop = (record_off + rs as u64).min(end);
-            let piece = Piece { record, skip, len: (stop - record_off) as usize - skip };
+            let from = offset.max(layout.record_to_plain_off(record));
+            let piece = layout.split(from, end - from).next().expect("record below the range's end");
             let keep = layout.record_len_in_size(record, size);
-            let whole = skip == 0 && piece.len >= keep;
+            let whole = piece.skip == 0 && piece.len >= keep;
             if whole {
                 let next = {
                     let _io = self.slot_io.read();
@@ -99,14 +97,14 @@ impl Container {
             let mut buf = st.buffers.take_dirty(record).unwrap_or_default();
             if whole {
                 buf = vec![0u8; keep];
-            } else if buf.len() > skip {
-                let stop = (skip + piece.len).min(buf.len());
-                buf[skip..stop].fill(0);
+            } else if buf.len() > piece.skip {
+                let stop = (piece.skip + piece.len).min(buf.len());
+                buf[piece.skip..stop].fill(0);
             }
             st.buffers.put_dirty(record, buf);
             // Zeroed records are compressed (to holes) as written ones are: a punch across
             // gigabytes of data holds no more of them in memory than writes would.
-            if st.buffers.dirty_bytes() > DIRTY_LIMIT.min(self.memory.limit() / 2) {
+            if self.dirty_over_limit(&st) {
                 drop(io);
                 let dirty = st.buffers.dirty_records();
                 let jobs = self.prepare(&mut st, &dirty);
