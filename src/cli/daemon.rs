@@ -191,11 +191,29 @@ pub(super) fn serve(
         ));
     }
     let notifier = session.notifier();
+    // Names are dropped on a thread of their own: the kernel locks the directory to drop one,
+    // and a request holding that lock (a rename over the file) may wait for the very request
+    // whose handler asks.
+    let (stale_names, to_drop) = crossbeam_channel::unbounded::<(u64, std::ffi::OsString)>();
+    let names_notifier = session.notifier();
+    std::thread::Builder::new()
+        .name("densefs-names".into())
+        .spawn(move || {
+            for (dir, name) in to_drop {
+                // ENOENT: the kernel holds no such name.
+                let _ = names_notifier.inval_entry(fuser::INodeNo(dir), &name);
+            }
+        })
+        .map_err(|e| fail(&mut ready, format!("cannot start a thread: {e}")))?;
     fs.on_kernel_cache_stale(Box::new(move |ino, what| {
         // Offset -1: attributes only; 0 (length 0: all): a directory's cached listing too.
         let offset = match what {
             KernelCache::Attrs => -1,
             KernelCache::Listing => 0,
+            KernelCache::Entry(name) => {
+                let _ = stale_names.send((ino, name));
+                return;
+            }
         };
         // ENOENT: the kernel no longer holds the inode.
         let _ = notifier.inval_inode(fuser::INodeNo(ino), offset, 0);

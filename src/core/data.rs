@@ -396,19 +396,23 @@ impl DenseFs {
         let _ = lower::set_noatime(&file, true);
     }
 
-    /// After an unlink or a rename over it: a file no name reaches any more and no handle has open
-    /// lets go of what it kept in memory (data a full disk refused at close), so its lower file
-    /// is closed and its space comes back at once.
-    pub(super) fn let_go_if_unlinked(&self, dev: u64, ino: u64) {
+    /// After an unlink or a rename over it (`last_name`: the lower file had one name before): a
+    /// file no name reaches any more and no handle has open lets go of what it kept in memory
+    /// (data a full disk refused at close), so its lower file is closed and its space comes back
+    /// at once, and its node is retired: the lower may give its number to the next file it
+    /// creates, which must never be reached through this node.
+    pub(super) fn let_go_if_unlinked(&self, dev: u64, ino: u64, last_name: bool) {
         let Some(inode) = self.inodes.find(dev, ino) else { return };
         inode.lost_a_name.store(true, Ordering::Relaxed);
         let mut open = inode.open.lock();
-        if open.handles > 0 || open.content.as_ref().is_none_or(|c| !c.nameless(&inode)) {
+        if open.handles > 0 || !(last_name || open.content.as_ref().is_some_and(|c| c.nameless(&inode))) {
             return;
         }
-        open.content = None;
+        if open.content.take().is_some() {
+            tracing::info!(inode = inode.nodeid, "unlinked: data kept in memory after a failed close is dropped");
+        }
         drop(open);
-        tracing::info!(inode = inode.nodeid, "unlinked: data kept in memory after a failed close is dropped");
+        self.inodes.retire(&inode);
         self.inodes.forget(inode.nodeid, 0);
     }
 

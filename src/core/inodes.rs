@@ -17,10 +17,15 @@
 //! after eviction, and properties resolve as at the root. Known inodes whose place is stale
 //! (renamed behind our back) are reopened the same way.
 //!
-//! Node ids (which FUSE also reports as st_ino) are the lower inode numbers, so `ls -i` agrees
-//! with the lower tree and stays the same across remounts. Exceptions get ids from a high range
-//! that is stable for the life of the mount: the root (always 1), a lower inode numbered 1, and
-//! inodes on another file system mounted below the lower directory.
+//! Identity (docs/ARCHITECTURE.md, "Node ids"): a node id names one lower inode — device,
+//! number and generation — from the reply that hands it out until the kernel's FORGETs bring
+//! its lookups to zero; it never comes to name another file meanwhile, whatever the lower does
+//! with the number. Node ids (which FUSE also reports as st_ino) are the lower inode numbers, so
+//! `ls -i` agrees with the lower tree and stays the same across remounts, except where that id
+//! is taken: the root (always 1), a lower inode numbered 1, inodes on another file system
+//! mounted below the lower directory, and a lower inode whose number the kernel still holds for
+//! the file that had it before (a file densefs replaced, `retire`, or one a generation shows is
+//! gone) get ids from a high range that are stable for the life of the mount.
 
 use super::container::Container;
 use super::lower;
@@ -108,6 +113,10 @@ pub struct Inode {
     pub kernel_has_attrs: AtomicBool,
     /// The lower's block count in the last attributes handed out (`DenseFs::attr_with`).
     pub blocks_told: AtomicU64,
+    /// Its lower inode is gone (densefs replaced it: recompress), or its number now belongs to
+    /// another file: the node answers ESTALE until the kernel forgets it, and no lookup finds
+    /// it again (the lower inode's number may name another file by now).
+    retired: AtomicBool,
 }
 
 /// `content` is set while handles are open, and also after the last close when writing it back
@@ -136,6 +145,17 @@ impl Inode {
     /// The descriptor the table keeps for it, if it keeps one now (none is opened for this).
     pub fn cached_fd(&self) -> Option<Arc<File>> {
         self.place.lock().fd.clone()
+    }
+
+    pub fn is_retired(&self) -> bool {
+        self.retired.load(Ordering::SeqCst)
+    }
+
+    /// Whether this node stands for the lower inode (dev, ino) with `generation` (0: unknown).
+    fn names(&self, dev: u64, ino: u64, generation: u32) -> bool {
+        (self.dev, self.ino) == (dev, ino)
+            && !self.is_retired()
+            && (generation == 0 || self.generation == 0 || generation == self.generation)
     }
 }
 
@@ -228,6 +248,7 @@ impl InodeTable {
             lost_a_name: AtomicBool::new(false),
             kernel_has_attrs: AtomicBool::new(false),
             blocks_told: AtomicU64::new(0),
+            retired: AtomicBool::new(false),
         });
         let mut by_id = HashMap::new();
         by_id.insert(ROOT, Entry { inode: root, lookups: 1 });
@@ -266,6 +287,9 @@ impl InodeTable {
             if let Some(fd) = &place.fd {
                 return Ok((fd.clone(), place.readable));
             }
+            if inode.is_retired() {
+                return Err(errno(libc::ESTALE));
+            }
             place.link.clone()
         };
         let by_name = match &link {
@@ -275,7 +299,11 @@ impl InodeTable {
             },
             None => Err(errno(libc::ESTALE)),
         };
-        let same = |fd: &OwnedFd| lower::stat_fd(fd.as_raw_fd()).is_ok_and(|st| (st.st_dev, st.st_ino) == (inode.dev, inode.ino));
+        // The same number may be another file by now; where the lower has generations they tell.
+        let same = |fd: &OwnedFd| {
+            lower::stat_fd(fd.as_raw_fd()).is_ok_and(|st| (st.st_dev, st.st_ino) == (inode.dev, inode.ino))
+                && (inode.generation == 0 || lower::generation(fd.as_raw_fd()) == inode.generation)
+        };
         let fd = match by_name {
             Ok(fd) if same(&fd) => fd,
             // Renamed or replaced behind our back, or found by number: reopen it by number.
@@ -348,12 +376,26 @@ impl InodeTable {
         drop(closing);
     }
 
-    fn nodeid_for(&self, t: &mut Tables, dev: u64, ino: u64) -> u64 {
-        if let Some(&id) = t.remapped.get(&(dev, ino)) {
+    /// The id lower inode (dev, ino) has unless it is taken: its number, or the high id it got
+    /// earlier in this mount.
+    fn usual_id(&self, t: &Tables, dev: u64, ino: u64) -> Option<u64> {
+        t.remapped.get(&(dev, ino)).copied().or((dev == self.root_dev && ino != ROOT && ino < REMAPPED_BASE).then_some(ino))
+    }
+
+    /// The node standing for lower inode (dev, ino) now, if the table holds one that is not
+    /// retired. (Whether the number still names the same file is the caller's to check where it
+    /// has no descriptor of the node's open: `insert`.)
+    fn live_id(&self, t: &Tables, dev: u64, ino: u64) -> Option<u64> {
+        let id = self.usual_id(t, dev, ino)?;
+        t.by_id.get(&id).is_some_and(|e| e.inode.names(dev, ino, 0)).then_some(id)
+    }
+
+    /// An id for a lower inode no live node stands for: its usual one unless the kernel may
+    /// still hold that id for another file (a retired node not forgotten yet), else a new one
+    /// from the high range, which this inode then keeps for the life of the mount.
+    fn new_id(&self, t: &mut Tables, dev: u64, ino: u64) -> u64 {
+        if let Some(id) = self.usual_id(t, dev, ino).filter(|id| !t.by_id.contains_key(id)) {
             return id;
-        }
-        if dev == self.root_dev && ino != ROOT && ino < REMAPPED_BASE {
-            return ino;
         }
         let id = t.next_remapped;
         t.next_remapped += 1;
@@ -396,11 +438,7 @@ impl InodeTable {
     pub fn remember_known(&self, parent: u64, name: &OsStr, dev: u64, ino: u64) -> Option<Node> {
         let inode = {
             let mut t = self.inner.lock();
-            let id = match t.remapped.get(&(dev, ino)) {
-                Some(&id) => id,
-                None if dev == self.root_dev && ino != ROOT && ino < REMAPPED_BASE => ino,
-                None => return None,
-            };
+            let id = self.live_id(&t, dev, ino)?;
             let entry = t.by_id.get_mut(&id)?;
             let mut place = entry.inode.place.lock();
             let fd = place.fd.clone()?;
@@ -417,41 +455,34 @@ impl InodeTable {
     /// Adds `lookups` kernel lookups to the inode `fd` (registering it if new); `link`, where
     /// known, replaces its place.
     fn insert(&self, link: Option<(u64, OsString)>, fd: Arc<File>, readable: bool, st: &libc::stat, lookups: u64) -> Arc<Inode> {
-        let mut t = self.inner.lock();
-        let id = self.nodeid_for(&mut t, st.st_dev, st.st_ino);
-        if let Some(e) = t.by_id.get_mut(&id) {
-            e.lookups += lookups;
-            let inode = e.inode.clone();
-            drop(t);
-            let cached_now = {
-                let mut place = inode.place.lock();
-                if link.is_some() {
-                    place.link = link;
+        let (dev, ino) = (st.st_dev, st.st_ino);
+        // A live node holding a descriptor stands for this very inode: both descriptors are open,
+        // so the number cannot belong to two files. (The root always holds one.)
+        {
+            let t = self.inner.lock();
+            if let Some(id) = self.live_id(&t, dev, ino) {
+                if t.by_id[&id].inode.place.lock().fd.is_some() {
+                    return self.adopt(t, id, link, fd, readable, lookups);
                 }
-                let empty = place.fd.is_none();
-                if empty {
-                    place.fd = Some(fd);
-                    place.readable = readable;
-                }
-                empty
-            };
-            if cached_now {
-                self.opened_fd();
             }
-            return inode;
         }
-        drop(t);
-        let generation = if id == ROOT { 0 } else { lower::generation(fd.as_raw_fd()) };
+        let generation = lower::generation(fd.as_raw_fd());
         let mut t = self.inner.lock();
-        if t.by_id.contains_key(&id) {
-            drop(t);
-            return self.insert(link, fd, readable, st, lookups); // registered meanwhile
+        if let Some(id) = self.live_id(&t, dev, ino) {
+            let inode = t.by_id[&id].inode.clone();
+            if inode.place.lock().fd.is_some() || inode.names(dev, ino, generation) {
+                return self.adopt(t, id, link, fd, readable, lookups);
+            }
+            // The file the node stood for is gone and the lower gave its number to this one.
+            inode.retired.store(true, Ordering::SeqCst);
+            tracing::debug!(node = id, ino, "lower inode number reused: the old node is retired");
         }
+        let id = self.new_id(&mut t, dev, ino);
         let inode = Arc::new(Inode {
             nodeid: id,
             kind: st.st_mode & libc::S_IFMT,
-            dev: st.st_dev,
-            ino: st.st_ino,
+            dev,
+            ino,
             generation,
             place: Mutex::new(Place { link, fd: Some(fd), readable }),
             last_used: AtomicU64::new(self.clock.fetch_add(1, Ordering::Relaxed)),
@@ -462,6 +493,7 @@ impl InodeTable {
             lost_a_name: AtomicBool::new(false),
             kernel_has_attrs: AtomicBool::new(false),
             blocks_told: AtomicU64::new(0),
+            retired: AtomicBool::new(false),
         });
         t.by_id.insert(id, Entry { inode: inode.clone(), lookups });
         drop(t);
@@ -469,15 +501,41 @@ impl InodeTable {
         inode
     }
 
+    /// Adds `lookups` to live node `id`, which stands for the inode `fd` (table locked as `t`).
+    fn adopt(
+        &self,
+        mut t: parking_lot::MutexGuard<'_, Tables>,
+        id: u64,
+        link: Option<(u64, OsString)>,
+        fd: Arc<File>,
+        readable: bool,
+        lookups: u64,
+    ) -> Arc<Inode> {
+        let e = t.by_id.get_mut(&id).expect("BUG: adopting a node the table does not hold");
+        e.lookups += lookups;
+        let inode = e.inode.clone();
+        drop(t);
+        let cached_now = {
+            let mut place = inode.place.lock();
+            if link.is_some() {
+                place.link = link;
+            }
+            let empty = place.fd.is_none();
+            if empty {
+                place.fd = Some(fd);
+                place.readable = readable;
+            }
+            empty
+        };
+        if cached_now {
+            self.opened_fd();
+        }
+        inode
+    }
+
     /// The node id of a lower inode the table holds, without assigning one.
     fn known(&self, dev: u64, ino: u64) -> Option<u64> {
-        let t = self.inner.lock();
-        let id = match t.remapped.get(&(dev, ino)) {
-            Some(&id) => id,
-            None if dev == self.root_dev && ino != ROOT && ino < REMAPPED_BASE => ino,
-            None => return None,
-        };
-        t.by_id.contains_key(&id).then_some(id)
+        self.live_id(&self.inner.lock(), dev, ino)
     }
 
     /// Adds one kernel lookup to a known node.
@@ -526,12 +584,20 @@ impl InodeTable {
         if let Some(inode) = self.add_lookup(nodeid) {
             return Ok(inode);
         }
-        if nodeid >= REMAPPED_BASE {
-            return Err(errno(libc::ESTALE));
-        }
-        let fd = self.open_by_number(self.root_dev, nodeid, 0).ok_or_else(|| errno(libc::ESTALE))?;
+        // The lower inode a high id was given to in this mount, or the one the id is the number of.
+        let ino = if nodeid >= REMAPPED_BASE {
+            let t = self.inner.lock();
+            let given = t.remapped.iter().find(|(_, id)| **id == nodeid).map(|(lower, _)| *lower);
+            match given {
+                Some((dev, ino)) if dev == self.root_dev => ino,
+                _ => return Err(errno(libc::ESTALE)),
+            }
+        } else {
+            nodeid
+        };
+        let fd = self.open_by_number(self.root_dev, ino, 0).ok_or_else(|| errno(libc::ESTALE))?;
         let st = lower::stat_fd(fd.as_raw_fd())?;
-        if (st.st_dev, st.st_ino) != (self.root_dev, nodeid) {
+        if (st.st_dev, st.st_ino) != (self.root_dev, ino) {
             return Err(errno(libc::ESTALE));
         }
         let inode = self.register(fd, &st, 1)?;
@@ -564,12 +630,7 @@ impl InodeTable {
 
     /// Records that the entry `name` in `parent` now lives at `new_parent`/`new_name`.
     pub fn moved(&self, dev: u64, ino: u64, new_parent: u64, new_name: &OsStr) {
-        let inode = {
-            let mut t = self.inner.lock();
-            let id = self.nodeid_for(&mut t, dev, ino);
-            t.by_id.get(&id).map(|e| e.inode.clone())
-        };
-        if let Some(inode) = inode {
+        if let Some(inode) = self.find(dev, ino) {
             inode.place.lock().link = Some((new_parent, new_name.to_os_string()));
         }
     }
@@ -585,11 +646,13 @@ impl InodeTable {
         self.get(nodeid).and_then(|inode| inode.place.lock().link.as_ref().map(|(_, name)| name.clone()))
     }
 
-    /// Its lower file was replaced under its name (recompress into a new container): the
-    /// descriptor is closed, so that the node answers ESTALE from now on (its lower inode is
-    /// gone) and the kernel, which retries a path with a fresh LOOKUP on ESTALE, finds the
-    /// new file instead of writing into the old one.
-    pub fn replaced(&self, inode: &Inode) {
+    /// Its lower inode is gone or about to be (recompress renamed a new file over its name; its
+    /// last name was removed): the node answers ESTALE from now on (the kernel, which retries a
+    /// path with a fresh LOOKUP on ESTALE, finds the new file instead of writing into the old
+    /// one) and no lookup finds it again, so the lower inode's number, free to name another
+    /// file, never leads to this node.
+    pub fn retire(&self, inode: &Inode) {
+        inode.retired.store(true, Ordering::SeqCst);
         let fd = inode.place.lock().fd.take();
         if fd.is_some() {
             self.open_fds.fetch_sub(1, Ordering::Relaxed);
@@ -656,12 +719,7 @@ impl InodeTable {
     /// The inode the kernel knows for a lower (device, inode number), if any.
     pub fn find(&self, dev: u64, ino: u64) -> Option<Arc<Inode>> {
         let t = self.inner.lock();
-        let id = match t.remapped.get(&(dev, ino)) {
-            Some(&id) => id,
-            None if dev == self.root_dev && ino != ROOT && ino < REMAPPED_BASE => ino,
-            None => return None,
-        };
-        t.by_id.get(&id).map(|e| e.inode.clone())
+        self.live_id(&t, dev, ino).map(|id| t.by_id[&id].inode.clone())
     }
 
     /// Inodes whose content is in memory with no handle open: data a failed close left behind.
@@ -756,6 +814,51 @@ mod tests {
         let (_, open) = table.census();
         assert!(open <= 64, "{open} descriptors once the files closed");
         assert_eq!(table.evict_above.load(Ordering::Relaxed), 64);
+    }
+
+    /// What the kernel would get for lower file `f{i}` if the lower had given it number `ino`
+    /// (a number freed by another file and reused).
+    fn look_up_as(table: &InodeTable, i: usize, ino: u64) -> Arc<Inode> {
+        let root = table.node(ROOT).unwrap();
+        let name = OsString::from(format!("f{i}"));
+        let fd = lower::open_path(root.raw_fd(), &name).unwrap();
+        let mut st = lower::stat_fd(fd.as_raw_fd()).unwrap();
+        st.st_ino = ino;
+        table.remember(ROOT, &name, fd, false, &st)
+    }
+
+    #[test]
+    fn a_reused_number_never_leads_to_the_node_the_kernel_holds_for_the_file_that_had_it() {
+        let (_dir, table) = table_over(4, 64);
+        // f0 replaced (recompress): its node is retired, the kernel has not forgotten it yet,
+        // and the lower gives its number to f1.
+        let old = look_up(&table, 0);
+        assert_eq!(old.nodeid, old.ino, "node ids are lower inode numbers where free");
+        table.retire(&old);
+        let new = look_up_as(&table, 1, old.ino);
+        assert_ne!(new.nodeid, old.nodeid, "the reused number got the retired node's id");
+        assert!(new.nodeid >= REMAPPED_BASE);
+        assert!(table.node(old.nodeid).is_err_and(|e| e.raw_os_error() == Some(libc::ESTALE)), "a retired node answers ESTALE");
+        assert_eq!(table.node(new.nodeid).unwrap().nodeid, new.nodeid);
+        assert_eq!(look_up_as(&table, 1, old.ino).nodeid, new.nodeid, "the new file keeps its id");
+        // Once the kernel forgets the old node, the new file still keeps its id for the mount.
+        table.forget(old.nodeid, 1);
+        assert_eq!(look_up_as(&table, 1, old.ino).nodeid, new.nodeid);
+
+        // f2's number reused behind densefs's back while its node held no descriptor (evicted):
+        // the lower's generation tells the files apart, where it has generations.
+        let gone = look_up(&table, 2);
+        let fd3 = lower::open_path(table.node(ROOT).unwrap().raw_fd(), OsStr::new("f3")).unwrap();
+        if gone.generation == 0 || lower::generation(fd3.as_raw_fd()) == gone.generation {
+            println!("SKIP: the temporary directory's file system reports no generations");
+            return;
+        }
+        let evicted = gone.place.lock().fd.take();
+        drop(evicted);
+        let other = look_up_as(&table, 3, gone.ino);
+        assert_ne!(other.nodeid, gone.nodeid, "another generation got the old node");
+        assert!(gone.is_retired());
+        assert!(table.node(gone.nodeid).is_err());
     }
 
     #[test]

@@ -177,12 +177,15 @@ pub struct DenseFs {
 }
 
 /// What the kernel keeps of a node that the daemon can tell it to drop.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum KernelCache {
     /// A file's attributes.
     Attrs,
     /// A directory's listing (and its attributes).
     Listing,
+    /// A name in a directory, and the node it led to (told from another thread than the
+    /// request's: the kernel locks the directory for it).
+    Entry(std::ffi::OsString),
 }
 
 /// How long after the daemon writes a file its lower file system may still change the file's
@@ -380,11 +383,11 @@ impl DenseFs {
         }
     }
 
-    /// The daemon changed what directory `dir` lists (an entry now leads to another lower
-    /// inode): the kernel drops the listing it may keep of it.
-    fn kernel_listing_stale(&self, dir: u64) {
+    /// The daemon changed what the kernel may keep of node `nodeid` (a directory's listing, a
+    /// name in it that now leads to another lower inode): the kernel drops it.
+    fn kernel_cache_stale(&self, nodeid: u64, what: KernelCache) {
         if let Some(drop) = self.drop_kernel_cache.get() {
-            drop(dir, KernelCache::Listing);
+            drop(nodeid, what);
         }
     }
 

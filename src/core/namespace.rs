@@ -327,10 +327,10 @@ impl DenseFs {
         hidden(name, libc::ENOENT)?;
         let dir = self.inode(parent)?;
         let c = cstr(name)?;
-        let unlinked = lower::id_at(dir.raw_fd(), &c);
+        let unlinked = lower::stat_at(dir.raw_fd(), name).ok();
         lower::unlinkat(dir.raw_fd(), &c, 0)?;
-        if let Some((dev, ino)) = unlinked {
-            self.let_go_if_unlinked(dev, ino);
+        if let Some(st) = unlinked {
+            self.let_go_if_unlinked(st.st_dev, st.st_ino, st.st_nlink <= 1);
         }
         Ok(())
     }
@@ -351,17 +351,17 @@ impl DenseFs {
         let a = cstr(name)?;
         let b = cstr(new_name)?;
         let moving = lower::id_at(from.raw_fd(), &a);
-        let displaced = lower::id_at(to.raw_fd(), &b);
+        let displaced = lower::stat_at(to.raw_fd(), new_name).ok().map(|st| (st.st_dev, st.st_ino, st.st_nlink));
         lower::renameat2(from.raw_fd(), &a, to.raw_fd(), &b, flags)?;
         // Keep the inode table's idea of where things live (it reopens evicted inodes by name).
         if let Some((dev, ino)) = moving {
             self.inodes.moved(dev, ino, new_parent, new_name);
         }
-        if let Some((dev, ino)) = displaced {
+        if let Some((dev, ino, links)) = displaced {
             if flags & libc::RENAME_EXCHANGE != 0 {
                 self.inodes.moved(dev, ino, parent, name);
-            } else {
-                self.let_go_if_unlinked(dev, ino);
+            } else if moving != Some((dev, ino)) {
+                self.let_go_if_unlinked(dev, ino, links <= 1);
             }
         }
         Ok(())

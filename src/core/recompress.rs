@@ -14,7 +14,7 @@ use super::container::Container;
 use super::inodes::{Content, Node};
 use super::lower::{self, cstr};
 use super::props::PropertyValues;
-use super::{DenseFs, FsError, FsResult};
+use super::{DenseFs, FsError, FsResult, KernelCache};
 use std::ffi::OsString;
 use std::os::unix::fs::MetadataExt;
 use std::sync::Arc;
@@ -125,8 +125,12 @@ impl DenseFs {
         // The old inode's content is gone from this name; forget what was loaded for it.
         open.content = None;
         if result.is_ok() {
-            self.inodes.replaced(node);
-            self.kernel_listing_stale(parent); // the name's entry carries the new inode number
+            // The name leads to another lower inode now: the old node may never stand for
+            // anything else (its number is free to name the next file the lower creates), and
+            // the kernel drops the name and the listing that carry it.
+            self.inodes.retire(node);
+            self.kernel_cache_stale(parent, KernelCache::Entry(name));
+            self.kernel_cache_stale(parent, KernelCache::Listing);
         }
         result
     }
