@@ -420,6 +420,9 @@ impl DenseFs {
             _ => st,
         };
         let mut size = st.st_size as u64;
+        // A container's record size, once it holds data; an empty file shows the lower's, as
+        // in every reply (a new file's CREATE, a closed one's LOOKUP, a read-only open, where
+        // an empty lower file is plain).
         let mut blksize = st.st_blksize as u32;
         let mut mtime = time(st.st_mtime, st.st_mtime_nsec);
         let mut ctime = time(st.st_ctime, st.st_ctime_nsec);
@@ -427,7 +430,9 @@ impl DenseFs {
             match &open.content {
                 Some(Content::Container(c)) => {
                     size = c.size();
-                    blksize = c.layout().record_size() as u32;
+                    if size > 0 {
+                        blksize = c.layout().record_size() as u32;
+                    }
                     // The times the user's operations set, not those of landing records.
                     let (m, c) = c.times();
                     mtime = time(m.tv_sec, m.tv_nsec);
@@ -439,7 +444,9 @@ impl DenseFs {
                 None => {
                     if let Some((logical, record_size)) = self.closed_file_size(inode, st) {
                         size = logical;
-                        blksize = record_size;
+                        if size > 0 {
+                            blksize = record_size;
+                        }
                     }
                 }
             }
