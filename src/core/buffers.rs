@@ -235,6 +235,26 @@ impl Buffers {
         dirty.into_iter().chain(self.inflight.keys().copied().filter(|&r| r >= from)).min()
     }
 
+    /// Whether the record's change not yet on the lower file holds data: a version all zeros
+    /// (punched, or written as zeros) lands as a hole, so SEEK_DATA finds none in it now
+    /// either. None when nothing is pending.
+    pub fn pending_data(&self, record: u64) -> Option<bool> {
+        let newest = match self.dirty.get(&record) {
+            Some(buf) => buf.as_slice(),
+            None => self.inflight.get(&record)?.data.as_slice(),
+        };
+        Some(newest.iter().any(|&b| b != 0))
+    }
+
+    /// The first record from `from` on with a pending change that holds data (`pending_data`).
+    pub fn first_pending_data_from(&self, from: u64) -> Option<u64> {
+        let holds_data = |r: &u64| self.pending_data(*r) == Some(true);
+        // Dirty records in order, up to the first with data (a punch calls this per record).
+        let dirty = self.dirty.range(from..).map(|(r, _)| *r).find(holds_data);
+        let inflight = self.inflight.keys().copied().filter(|&r| r >= from && !self.dirty.contains_key(&r) && holds_data(&r)).min();
+        dirty.into_iter().chain(inflight).min()
+    }
+
     pub fn forget_clean(&mut self, record: u64) {
         let memory = &self.memory;
         self.clean.retain(|(r, b)| {
@@ -316,6 +336,25 @@ mod tests {
             assert_eq!(b.first_pending_from(0), Some(0));
         }
         assert_eq!(memory.used(), 0, "dropping the buffers releases the rest");
+    }
+
+    #[test]
+    fn a_pending_version_of_zeros_holds_no_data_whether_dirty_or_in_flight() {
+        let mut b = Buffers::new(Arc::new(Memory::new(1 << 20)));
+        b.put_dirty(1, vec![0; 64]);
+        b.put_dirty(2, vec![0, 0, 5]);
+        b.send(2, || false).unwrap();
+        b.put_dirty(3, vec![0; 8]);
+        b.send(3, || false).unwrap();
+        b.put_dirty(4, vec![7]);
+        assert_eq!(
+            (b.pending_data(0), b.pending_data(1), b.pending_data(2), b.pending_data(3)),
+            (None, Some(false), Some(true), Some(false))
+        );
+        assert_eq!(b.first_pending_data_from(0), Some(2));
+        assert_eq!(b.first_pending_data_from(3), Some(4));
+        b.put_dirty(2, Vec::new()); // the dirty version, truncated to nothing, wins over the one in flight
+        assert_eq!(b.first_pending_data_from(0), Some(4));
     }
 
     #[test]

@@ -118,10 +118,11 @@ impl Container {
     }
 
     /// The first record in `from..end` holding data: in memory, or stored (groups with nothing on
-    /// the lower are skipped without reading them).
+    /// the lower are skipped without reading them). A record whose pending version is all zeros
+    /// is a hole whatever is stored for it.
     fn next_data_record(&self, st: &mut State, from: u64, end: u64) -> FsResult<Option<u64>> {
         let layout = self.layout();
-        let in_memory = st.buffers.first_pending_from(from);
+        let in_memory = st.buffers.first_pending_data_from(from);
         let limit = in_memory.unwrap_or(end).min(end);
         let mut record = from;
         while record < limit {
@@ -133,7 +134,7 @@ impl Container {
             }
             let group_end = ((group + 1) * GROUP_RECORDS).min(limit);
             for r in record..group_end {
-                if self.store.stored_data(&mut st.store, r)? {
+                if !st.buffers.is_pending(r) && self.store.stored_data(&mut st.store, r)? {
                     return Ok(Some(r));
                 }
             }
@@ -146,11 +147,15 @@ impl Container {
     fn next_hole_record(&self, st: &mut State, from: u64, end: u64) -> FsResult<u64> {
         let mut record = from;
         while record < end {
-            if !st.buffers.is_pending(record) {
-                let group = self.layout().record_to_group(record);
-                let group_stored = self.store.table_cached(&st.store, group) || self.store.next_stored_group(group)? == Some(group);
-                if !group_stored || !self.store.stored_data(&mut st.store, record)? {
-                    return Ok(record);
+            match st.buffers.pending_data(record) {
+                Some(true) => {}
+                Some(false) => return Ok(record),
+                None => {
+                    let group = self.layout().record_to_group(record);
+                    let group_stored = self.store.table_cached(&st.store, group) || self.store.next_stored_group(group)? == Some(group);
+                    if !group_stored || !self.store.stored_data(&mut st.store, record)? {
+                        return Ok(record);
+                    }
                 }
             }
             record += 1;
@@ -159,8 +164,8 @@ impl Container {
     }
 
     /// SEEK_DATA / SEEK_HOLE at record granularity: a record is a hole when nothing or only an
-    /// all-zero record is stored for it (dirty records count as data). Costs in proportion to
-    /// the data, never to the offset.
+    /// all-zero record is stored for it, or its version in memory is all zeros (it will be
+    /// stored as a hole). Costs in proportion to the data, never to the offset.
     pub fn seek(&self, offset: u64, want_data: bool) -> FsResult<u64> {
         let _io = self.slot_io.read();
         let mut st = self.state.lock();
