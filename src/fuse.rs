@@ -1,6 +1,7 @@
 //! The FUSE adapter: one uniform translation per operation (call the core, reply or log+errno).
 
 use crate::core::data::{SetAttr, SetTime};
+use crate::core::privileges::Changer;
 use crate::core::{Attr, Caller, DenseFs, FsError, Kind};
 use fuser::{
     Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags, KernelConfig, LockOwner, OpenFlags,
@@ -118,10 +119,12 @@ fn fuse_attr(a: &Attr) -> FileAttr {
     }
 }
 
-/// Under FUSE_HANDLE_KILLPRIV_V2 the kernel flags truncates and O_TRUNC opens by callers without
-/// CAP_FSETID in fields fuser does not pass on; a caller other than root stands for that here.
-fn lacks_fsetid(req: &Request) -> bool {
-    req.uid() != 0
+/// Who changes a file's contents, for what that takes of setuid/setgid (`core::privileges`):
+/// `fsetid` where the kernel says whether the caller has CAP_FSETID (a write's flag). Truncates
+/// and O_TRUNC opens carry it in fields fuser does not pass on, FALLOCATE nowhere: the daemon
+/// reads it from /proc then.
+fn changer(req: &Request, fsetid: Option<bool>) -> Changer {
+    Changer { uid: req.uid(), gid: req.gid(), pid: req.pid(), fsetid }
 }
 
 fn caller(req: &Request) -> Caller {
@@ -240,7 +243,7 @@ impl Filesystem for FuseAdapter {
         _flags: Option<fuser::BsdFileFlags>,
         reply: ReplyAttr,
     ) {
-        let set = SetAttr { mode, uid, gid, size, atime: set_time(atime), mtime: set_time(mtime), kill_privileges: lacks_fsetid(req) };
+        let set = SetAttr { mode, uid, gid, size, atime: set_time(atime), mtime: set_time(mtime), changer: changer(req, None) };
         match self.fs.setattr(ino.0, fh.map(|f| f.0), set) {
             Ok(attr) => reply.attr(&self.ttl, &fuse_attr(&attr)),
             Err(e) => reply.error(errno("setattr", e)),
@@ -294,7 +297,7 @@ impl Filesystem for FuseAdapter {
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         self.tune_read_ahead();
         let open_flags = self.file_open_flags(flags.0);
-        match self.fs.open(ino.0, flags.0, lacks_fsetid(req)) {
+        match self.fs.open(ino.0, flags.0, changer(req, None)) {
             Ok(fh) => reply.opened(FileHandle(fh), open_flags),
             Err(e) => reply.error(errno("open", e)),
         }
@@ -319,7 +322,7 @@ impl Filesystem for FuseAdapter {
 
     fn write(
         &self,
-        _req: &Request,
+        req: &Request,
         _ino: INodeNo,
         fh: FileHandle,
         offset: u64,
@@ -329,7 +332,8 @@ impl Filesystem for FuseAdapter {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
-        match self.fs.write(fh.0, offset, data, write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID)) {
+        let fsetid = !write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID);
+        match self.fs.write(fh.0, offset, data, changer(req, Some(fsetid))) {
             Ok(n) => reply.written(n as u32),
             Err(e) => reply.error(errno("write", e)),
         }
@@ -429,8 +433,8 @@ impl Filesystem for FuseAdapter {
         }
     }
 
-    fn fallocate(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, offset: u64, length: u64, mode: i32, reply: ReplyEmpty) {
-        empty_reply!(reply, "fallocate", self.fs.fallocate(fh.0, offset, length, mode))
+    fn fallocate(&self, req: &Request, _ino: INodeNo, fh: FileHandle, offset: u64, length: u64, mode: i32, reply: ReplyEmpty) {
+        empty_reply!(reply, "fallocate", self.fs.fallocate(fh.0, offset, length, mode, changer(req, None)))
     }
 
     fn lseek(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, offset: i64, whence: i32, reply: ReplyLseek) {

@@ -5,6 +5,7 @@ use super::admission::writable_bytes;
 use super::container::{Container, ReadBytes};
 use super::inodes::{Content, Inode, Node};
 use super::lower::{self, cstr};
+use super::privileges::Changer;
 use super::props::PropertyValues;
 use super::{Attr, Caller, DenseFs, FsError, FsResult, Handle};
 use std::ffi::OsStr;
@@ -55,8 +56,8 @@ pub struct SetAttr {
     pub size: Option<u64>,
     pub atime: Option<SetTime>,
     pub mtime: Option<SetTime>,
-    /// The caller lacks CAP_FSETID: a size change drops setuid/setgid (see `write`).
-    pub kill_privileges: bool,
+    /// Who asks: a size change drops setuid/setgid (see `write`).
+    pub changer: Changer,
 }
 
 fn timespec(t: Option<SetTime>) -> libc::timespec {
@@ -193,17 +194,15 @@ impl DenseFs {
         Ok(self.new_handle(Handle { inode: inode.inode.clone(), content, writable }))
     }
 
-    /// `kill_privileges`: as for `write`, for an O_TRUNC open. The kernel has checked that the
-    /// caller may write the file: Linux truncates on `O_RDONLY|O_TRUNC` too.
-    pub fn open(&self, nodeid: u64, flags: i32, kill_privileges: bool) -> FsResult<u64> {
+    /// `changer`: for an O_TRUNC open, as for `write`. The kernel has checked that the caller
+    /// may write the file: Linux truncates on `O_RDONLY|O_TRUNC` too.
+    pub fn open(&self, nodeid: u64, flags: i32, changer: Changer) -> FsResult<u64> {
         let inode = self.inode(nodeid)?;
         let writable = flags & libc::O_ACCMODE != libc::O_RDONLY;
         let fh = self.open_inode(&inode, writable, None)?;
         if flags & libc::O_TRUNC != 0 {
             let truncated = (|| {
-                if kill_privileges {
-                    self.kill_privileges(&inode)?;
-                }
+                self.kill_privileges(&inode, &changer)?;
                 self.with_content(&inode, |content| self.truncate_content(content, 0))
             })();
             if let Err(e) = truncated {
@@ -285,15 +284,14 @@ impl DenseFs {
         }
     }
 
-    /// `kill_privileges`: the writer lacks CAP_FSETID (the kernel's FUSE_WRITE_KILL_SUIDGID),
-    /// so, as on a local file system, the file loses setuid, and setgid where its group may
-    /// execute. Under FUSE_HANDLE_KILLPRIV_V2 the kernel leaves this to the daemon and asks for
-    /// security.capability once per inode instead of before every write (it still removes
-    /// capabilities itself).
-    pub fn write(&self, fh: u64, offset: u64, data: &[u8], kill_privileges: bool) -> FsResult<usize> {
+    /// As on a local file system, the file loses setuid and setgid as `changer` may take them
+    /// (`privileges.rs`). Under FUSE_HANDLE_KILLPRIV_V2 the kernel leaves this to the daemon
+    /// and asks for security.capability once per inode instead of before every write (it still
+    /// removes capabilities itself).
+    pub fn write(&self, fh: u64, offset: u64, data: &[u8], changer: Changer) -> FsResult<usize> {
         let handle = self.handle(fh)?;
         let Handle { inode, content, .. } = &*handle;
-        let killed = kill_privileges && self.kill_privileges(&self.inode(inode.nodeid)?)?;
+        let killed = changer.fsetid == Some(false) && self.kill_privileges(&self.inode(inode.nodeid)?, &changer)?;
         let written = match content {
             Content::Container(c) => c.write(offset, data)?,
             Content::Plain(file) => {
@@ -446,20 +444,6 @@ impl DenseFs {
         }
     }
 
-    /// Whether the mode changed.
-    fn kill_privileges(&self, inode: &Node) -> FsResult<bool> {
-        let mode = lower::stat_fd(inode.raw_fd())?.st_mode & 0o7777;
-        let mut kill = libc::S_ISUID;
-        if mode & libc::S_IXGRP != 0 {
-            kill |= libc::S_ISGID;
-        }
-        if mode & kill == 0 {
-            return Ok(false);
-        }
-        lower::chmod(&lower::proc_path(inode.raw_fd()), mode & !kill)?;
-        Ok(true)
-    }
-
     pub fn setattr(&self, nodeid: u64, fh: Option<u64>, set: SetAttr) -> FsResult<Attr> {
         let inode = self.inode(nodeid)?;
         // Through the node's descriptor when it is a real one (not O_PATH): fchmod and futimens
@@ -479,9 +463,7 @@ impl DenseFs {
             lower::fchownat(inode.raw_fd(), c"", uid, gid, libc::AT_EMPTY_PATH | libc::AT_SYMLINK_NOFOLLOW)?;
         }
         if let Some(size) = set.size {
-            if set.kill_privileges {
-                self.kill_privileges(&inode)?;
-            }
+            self.kill_privileges(&inode, &set.changer)?;
             match fh.and_then(|fh| self.file_content(fh).ok()) {
                 Some(content) => self.truncate_content(&content, size)?,
                 None => self.with_content(&inode, |content| self.truncate_content(content, size))?,
@@ -532,9 +514,20 @@ impl DenseFs {
         }
     }
 
-    pub fn fallocate(&self, fh: u64, offset: u64, len: u64, mode: i32) -> FsResult<()> {
+    /// Every mode served drops setuid/setgid as a write does, before it changes anything (as
+    /// ext4 does).
+    pub fn fallocate(&self, fh: u64, offset: u64, len: u64, mode: i32, changer: Changer) -> FsResult<()> {
         let end = offset.checked_add(len).ok_or(FsError::errno(libc::EFBIG))?;
-        match self.file_content(fh)? {
+        let handle = self.handle(fh)?;
+        let served = match (&handle.content, mode & !libc::FALLOC_FL_KEEP_SIZE) {
+            (Content::Plain(_), _) | (_, 0 | libc::FALLOC_FL_ZERO_RANGE) => true,
+            (_, libc::FALLOC_FL_PUNCH_HOLE) => mode & libc::FALLOC_FL_KEEP_SIZE != 0,
+            _ => false,
+        };
+        if served && self.kill_privileges(&self.inode(handle.inode.nodeid)?, &changer)? {
+            self.kernel_attrs_stale(&handle.inode);
+        }
+        match handle.content.clone() {
             Content::Plain(file) => {
                 lower::fallocate(&file, mode, offset, len)?;
                 Ok(())

@@ -17,6 +17,7 @@ mod landing;
 pub mod lower;
 pub mod memory;
 mod namespace;
+pub mod privileges;
 pub mod props;
 mod recompress;
 mod report;

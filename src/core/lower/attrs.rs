@@ -47,3 +47,21 @@ pub fn futimens(file: &File, times: &[libc::timespec; 2]) -> io::Result<()> {
     check(unsafe { libc::futimens(file.as_raw_fd(), times.as_ptr()) })?;
     Ok(())
 }
+
+/// What the kernel holds of a thread for the setuid/setgid rules: its supplementary groups and
+/// whether CAP_FSETID is in its effective set.
+pub struct Credentials {
+    pub groups: Vec<u32>,
+    pub fsetid: bool,
+}
+
+/// The credentials of thread `tid` (a FUSE request's pid), from /proc/<tid>/status.
+pub fn credentials(tid: u32) -> io::Result<Credentials> {
+    const CAP_FSETID: u32 = 4; // linux/capability.h
+    let status = std::fs::read_to_string(format!("/proc/{tid}/status"))?;
+    let field = |name: &str| status.lines().find_map(|l| l.strip_prefix(name)).map(str::trim);
+    let bad = || io::Error::new(io::ErrorKind::InvalidData, format!("/proc/{tid}/status"));
+    let groups = field("Groups:").ok_or_else(bad)?.split_whitespace().map(|g| g.parse().map_err(|_| bad())).collect::<io::Result<_>>()?;
+    let effective = u64::from_str_radix(field("CapEff:").ok_or_else(bad)?, 16).map_err(|_| bad())?;
+    Ok(Credentials { groups, fsetid: effective & (1 << CAP_FSETID) != 0 })
+}
