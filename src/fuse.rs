@@ -6,7 +6,7 @@ use crate::core::{Attr, Caller, DenseFs, FsError, Kind};
 use fuser::{
     Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags, KernelConfig, LockOwner, OpenFlags,
     RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyLseek, ReplyOpen,
-    ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+    ReplyStatfs, ReplyWrite, ReplyXattr, Request, SetXattrFlags, TimeOrNow, WriteFlags,
 };
 use std::ffi::OsStr;
 use std::path::Path;
@@ -196,6 +196,9 @@ impl Filesystem for FuseAdapter {
         // the daemon, which has the lower apply it, or the parent's default ACL instead
         // (`Caller::umask`).
         let _ = config.add_capabilities(InitFlags::FUSE_POSIX_ACL | InitFlags::FUSE_DONT_MASK);
+        // An ACL change by a caller outside the file's group takes setgid, as chmod does; the
+        // kernel says so in SETXATTR's extended flags (FUSE_SETXATTR_ACL_KILL_SGID).
+        let _ = config.add_capabilities(InitFlags::FUSE_SETXATTR_EXT);
         // A direct write drops the pages other opens cached of its range since Linux 6.6, the
         // release that also offers DIRECT_IO_ALLOW_MMAP (not asked for: write-only opens cannot
         // map anyway). Before it, a reader could go on seeing what a direct write replaced.
@@ -407,8 +410,19 @@ impl Filesystem for FuseAdapter {
         }
     }
 
-    fn setxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, value: &[u8], flags: i32, _position: u32, reply: ReplyEmpty) {
-        empty_reply!(reply, "setxattr", self.fs.setxattr(ino.0, name, value, flags))
+    fn setxattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        name: &OsStr,
+        value: &[u8],
+        flags: i32,
+        setxattr_flags: SetXattrFlags,
+        _position: u32,
+        reply: ReplyEmpty,
+    ) {
+        let kill_sgid = setxattr_flags.contains(SetXattrFlags::FUSE_SETXATTR_ACL_KILL_SGID);
+        empty_reply!(reply, "setxattr", self.fs.setxattr(ino.0, name, value, flags, kill_sgid))
     }
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {

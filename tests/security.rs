@@ -318,3 +318,43 @@ fn every_change_of_contents_clears_setuid_and_setgid_as_on_ext4() {
     }
     m.unmount();
 }
+
+/// Setting an ACL clears setgid as chmod does when the setter is neither in the file's group
+/// nor has CAP_FSETID (the kernel flags the SETXATTR: FUSE_SETXATTR_ACL_KILL_SGID). densefs kept
+/// it: the daemon, root, set the ACL on the lower file.
+#[test]
+fn setting_an_acl_clears_setgid_as_chmod_does_on_ext4() {
+    use std::os::unix::fs::chown;
+    let d = Dirs::new();
+    open_to_everyone(&d);
+    let reference = reference_dir(&d, "ext4", 0o777);
+    let m = Mount::new(&d.lower, &d.mnt, "");
+    let changes = [
+        ("chmod", "chmod 2777 \"$1\""),
+        ("ACL like a mode", "setfacl -m u::rwx,g::rwx,o::rwx \"$1\""),
+        ("ACL with a user entry", "setfacl -m u:nobody:r \"$1\""),
+    ];
+    // The owner in the file's group keeps setgid; not in it, or another group, loses it.
+    let groups = [("owner in the group", 4000), ("owner not in the group", 4100)];
+    let outcomes = |dir: &Path| {
+        let mut seen = Vec::new();
+        for (i, (change, script)) in changes.iter().enumerate() {
+            for (j, (who, gid)) in groups.iter().enumerate() {
+                let p = dir.join(format!("a{i}{j}"));
+                fs::write(&p, b"data").unwrap();
+                chown(&p, Some(4000), Some(*gid)).unwrap();
+                fs::set_permissions(&p, fs::Permissions::from_mode(0o2775)).unwrap();
+                let ok = as_actor("owner", script, &p);
+                let after = fs::metadata(&p).unwrap().permissions().mode() & 0o7777;
+                let acl = Command::new("getfacl").args(["-cp"]).arg(&p).output().unwrap().stdout;
+                seen.push(format!("{change} by the {who}: {ok} {after:o} {}", String::from_utf8_lossy(&acl).replace('\n', " ")));
+            }
+        }
+        seen
+    };
+    let want = outcomes(&reference);
+    assert!(want.iter().all(|s| s.contains("true")), "{want:#?}");
+    assert!(want[3].contains(" 777 "), "ext4 itself cleared setgid: {want:#?}");
+    assert_eq!(outcomes(&d.mnt), want, "through the mount");
+    m.unmount();
+}

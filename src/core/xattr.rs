@@ -144,7 +144,10 @@ impl DenseFs {
         }
     }
 
-    pub fn setxattr(&self, nodeid: u64, name: &OsStr, value: &[u8], flags: i32) -> FsResult<()> {
+    /// `kill_sgid`: the kernel found the caller of an ACL change neither in the file's group
+    /// nor holding CAP_FSETID (FUSE_SETXATTR_ACL_KILL_SGID): as chmod would, the change takes
+    /// setgid, which the daemon's own setxattr, as root, keeps.
+    pub fn setxattr(&self, nodeid: u64, name: &OsStr, value: &[u8], flags: i32, kill_sgid: bool) -> FsResult<()> {
         if let Some(key) = own_key(name) {
             if self.is_symlink(nodeid)? {
                 return Err(FsError::new(libc::EPERM, "densefs's own attributes do not apply to symlinks"));
@@ -161,6 +164,12 @@ impl DenseFs {
         let target = self.xattr_target(nodeid)?;
         let name = cstr(name)?;
         lower::setxattr_on(target.on(), &name, value, flags)?;
+        if kill_sgid {
+            let mode = lower::stat_fd(target.node.raw_fd())?.st_mode & 0o7777;
+            if mode & libc::S_ISGID != 0 {
+                lower::chmod(&lower::proc_path(target.node.raw_fd()), mode & !libc::S_ISGID)?;
+            }
+        }
         Ok(())
     }
 

@@ -41,6 +41,7 @@ pub use crate::ll::flags::fopen_flags::FopenFlags;
 pub use crate::ll::flags::init_flags::InitFlags;
 pub use crate::ll::flags::ioctl_flags::IoctlFlags;
 pub use crate::ll::flags::poll_flags::PollFlags;
+pub use crate::ll::flags::setxattr_flags::SetXattrFlags;
 pub use crate::ll::flags::write_flags::WriteFlags;
 pub use crate::ll::fuse_abi::consts;
 pub use crate::ll::request::FileHandle;
@@ -787,6 +788,7 @@ pub trait Filesystem: Send + Sync + 'static {
         name: &OsStr,
         _value: &[u8],
         flags: i32,
+        _setxattr_flags: SetXattrFlags,
         position: u32,
         reply: ReplyEmpty,
     ) {

@@ -356,12 +356,15 @@ impl<'a> RequestWithSender<'a> {
                 filesystem.statfs(self.request_header(), self.request.nodeid(), self.reply());
             }
             ll::Operation::SetXAttr(x) => {
+                let (setxattr_flags, name, value) =
+                    x.parts(se.filesystem.setxattr_ext).ok_or(Errno::EINVAL)?;
                 filesystem.setxattr(
                     self.request_header(),
                     self.request.nodeid(),
-                    x.name(),
-                    x.value(),
+                    name,
+                    value,
                     x.flags(),
+                    setxattr_flags,
                     x.position(),
                     self.reply(),
                 );

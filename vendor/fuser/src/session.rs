@@ -83,6 +83,8 @@ impl SessionACL {
 #[derive(Debug)]
 pub(crate) struct FilesystemHolder<FS: Filesystem> {
     pub(crate) fs: Option<FS>,
+    /// INIT agreed on FUSE_SETXATTR_EXT: SETXATTR requests carry `fuse_setxattr_in_ext`.
+    pub(crate) setxattr_ext: bool,
 }
 
 impl<FS: Filesystem> FilesystemHolder<FS> {
@@ -179,6 +181,7 @@ impl<FS: Filesystem> Session<FS> {
         let mut session = Session {
             filesystem: FilesystemHolder {
                 fs: Some(filesystem),
+                setxattr_ext: false,
             },
             ch,
             mount: UmountOnDrop {
@@ -208,6 +211,7 @@ impl<FS: Filesystem> Session<FS> {
         let mut session = Session {
             filesystem: FilesystemHolder {
                 fs: Some(filesystem),
+                setxattr_ext: false,
             },
             ch,
             mount: UmountOnDrop {
@@ -514,6 +518,8 @@ impl<FS: Filesystem> Session<FS> {
                 let pages = usize::from(config.max_pages()) * page_size::get();
                 self.uring_payload_size = Some((config.max_write as usize).max(pages).max(8192));
             }
+            self.filesystem.setxattr_ext = (init.capabilities() & config.requested)
+                .contains(InitFlags::FUSE_SETXATTR_EXT);
             let response = init.reply(&config);
             <ReplyRaw as Reply>::new(request.unique(), ReplySender::Channel(self.ch.sender()))
                 .send_ll(&response);

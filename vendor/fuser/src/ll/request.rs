@@ -255,6 +255,7 @@ mod op {
     use crate::PollEvents;
     use crate::PollFlags;
     use crate::PollHandle;
+    use crate::SetXattrFlags;
     use crate::WriteFlags;
     use crate::bsd_file_flags::BsdFileFlags;
     use crate::ll::ResponseData;
@@ -826,21 +827,31 @@ mod op {
         }
     }
 
-    /// Set an extended attribute.
+    /// Set an extended attribute. Where the name starts depends on whether INIT agreed on
+    /// FUSE_SETXATTR_EXT, which the parser does not know: `parts` is told.
     #[derive(Debug)]
     pub(crate) struct SetXAttr<'a> {
         #[expect(dead_code)]
         header: &'a fuse_in_header,
         arg: &'a fuse_setxattr_in,
-        name: &'a OsStr,
-        value: &'a [u8],
+        rest: &'a [u8],
     }
     impl<'a> SetXAttr<'a> {
-        pub(crate) fn name(&self) -> &'a OsStr {
-            self.name
+        /// The request's setxattr flags, name and value, `ext`: INIT agreed on FUSE_SETXATTR_EXT
+        /// (the kernel then sends `fuse_setxattr_in_ext` before the name).
+        pub(crate) fn parts(&self, ext: bool) -> Option<(SetXattrFlags, &'a OsStr, &'a [u8])> {
+            let mut data = ArgumentIterator::new(self.rest);
+            let flags = match ext {
+                true => SetXattrFlags::from_bits_retain(data.fetch::<fuse_setxattr_in_ext>()?.setxattr_flags),
+                false => SetXattrFlags::empty(),
+            };
+            let name = data.fetch_str()?;
+            let value = data.fetch_all();
+            (value.len() == self.arg.size as usize).then_some((flags, name, value))
         }
-        pub(crate) fn value(&self) -> &'a [u8] {
-            self.value
+        /// The value's length.
+        pub(crate) fn size(&self) -> u32 {
+            self.arg.size
         }
         // TODO: Document what are valid flags
         pub(crate) fn flags(&self) -> i32 {
@@ -1716,15 +1727,10 @@ mod op {
                 header,
                 arg: data.fetch()?,
             }),
-            fuse_opcode::FUSE_SETXATTR => Operation::SetXAttr({
-                let out = SetXAttr {
-                    header,
-                    arg: data.fetch()?,
-                    name: data.fetch_str()?,
-                    value: data.fetch_all(),
-                };
-                assert!(out.value.len() == out.arg.size as usize);
-                out
+            fuse_opcode::FUSE_SETXATTR => Operation::SetXAttr(SetXAttr {
+                header,
+                arg: data.fetch()?,
+                rest: data.fetch_all(),
             }),
             fuse_opcode::FUSE_GETXATTR => Operation::GetXAttr(GetXAttr {
                 header,
@@ -1997,13 +2003,9 @@ impl fmt::Display for Operation<'_> {
                 x.file_handle(),
                 x.fdatasync()
             ),
-            Operation::SetXAttr(x) => write!(
-                f,
-                "SETXATTR name {:?}, size {}, flags {:#x}",
-                x.name(),
-                x.value().len(),
-                x.flags()
-            ),
+            Operation::SetXAttr(x) => {
+                write!(f, "SETXATTR size {}, flags {:#x}", x.size(), x.flags())
+            }
             Operation::GetXAttr(x) => {
                 write!(f, "GETXATTR name {:?}, size {:?}", x.name(), x.size())
             }

@@ -10,5 +10,6 @@ pub(crate) mod init_flags;
 pub(crate) mod ioctl_flags;
 pub(crate) mod poll_flags;
 pub(crate) mod read_flags;
+pub(crate) mod setxattr_flags;
 pub(crate) mod release_flags;
 pub(crate) mod write_flags;
