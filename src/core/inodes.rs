@@ -452,6 +452,15 @@ impl InodeTable {
         Some(inode)
     }
 
+    /// The node id a listing shows for lower inode (dev, ino): the one its lookup gives it.
+    pub fn listed_id(&self, dev: u64, ino: u64) -> u64 {
+        let mut t = self.inner.lock();
+        match self.live_id(&t, dev, ino) {
+            Some(id) => id,
+            None => self.new_id(&mut t, dev, ino),
+        }
+    }
+
     /// Adds `lookups` kernel lookups to the inode `fd` (registering it if new); `link`, where
     /// known, replaces its place.
     fn insert(&self, link: Option<(u64, OsString)>, fd: Arc<File>, readable: bool, st: &libc::stat, lookups: u64) -> Arc<Inode> {

@@ -379,10 +379,16 @@ impl DenseFs {
 
     /// Entries of directory `nodeid` from lower position `offset` (0: the start), each with
     /// the position after it, handed to `emit` until it answers that the reply is full.
+    /// Each entry shows the inode number `stat` shows: the node id a lookup gives it.
     pub fn readdir(&self, nodeid: u64, offset: u64, mut emit: impl FnMut(u64, &DirEntry) -> bool) -> FsResult<()> {
-        let mut listing = self.cursors.take(&self.inode(nodeid)?, offset)?;
-        while let Some((next, entry)) = listing.next() {
+        let dir = self.inode(nodeid)?;
+        let dev = dir.lower_id().0;
+        let mut listing = self.cursors.take(&dir, offset)?;
+        while let Some((next, mut entry)) = listing.next() {
+            let lower_ino = entry.ino;
+            entry.ino = self.inodes.listed_id(dev, lower_ino);
             if emit(next, &entry) {
+                entry.ino = lower_ino;
                 listing.put_back(std::iter::once((next, entry)));
                 self.cursors.park(listing);
                 break;
