@@ -12,7 +12,11 @@
 //! fallocate mode densefs accepts (and some it must refuse), MAP_SHARED mmap writes + msync and
 //! mmap reads, fsync/fdatasync, open (O_CREAT/O_EXCL/O_TRUNC/O_APPEND/O_RDONLY/O_WRONLY) and close,
 //! rename (over files, across directories, onto directories), link, unlink, mkdir/rmdir, and
-//! "parallel": threads writing interleaved pieces of one region and reading their own back.
+//! "parallel": threads writing interleaved pieces of one region and reading their own back,
+//! and recompress (the request `densefs recompress [-r] -o SPEC` makes of the daemon for each
+//! file, on the mount only: a record size other than the file's moves it to a new lower inode,
+//! whose number ext4 hands out again; its own result is not compared, but everything after it
+//! must still agree). Names sharing an inode number on one side must share it on the other.
 //!
 //! Deliberate differences that are not compared: st_blocks (the lower files are compressed),
 //! directory sizes, and where SEEK_DATA/SEEK_HOLE put holes (densefs works per record); for the
@@ -63,6 +67,16 @@ const GROUP_RECORDS: u64 = densefs::format::layout::GROUP_RECORDS;
 const CHECK_EVERY: usize = 400;
 /// A run that makes no progress for this long has hung: the daemon is killed.
 const HANG_LIMIT: Duration = Duration::from_secs(90);
+/// What [`Op::Recompress`] asks for: record sizes that mostly differ from the file's, so that the
+/// file moves into a new container (a new lower inode); the same size re-encodes it in place.
+const RECOMPRESS_SPECS: [&str; 6] = [
+    "recordsize=32K",
+    "recordsize=64K",
+    "recordsize=128K",
+    "recordsize=256K",
+    "recordsize=64K,compression=zstd-3",
+    "recordsize=256K,compression=lz4",
+];
 
 // ---- operations -------------------------------------------------------------------------
 
@@ -243,6 +257,14 @@ enum Op {
         len: usize,
         seed: u64,
     },
+    /// On the mount only: asks the daemon to rewrite the file with `spec` (as `densefs recompress
+    /// -o SPEC` does), or each file below a directory in turn (`-r`). Its result is not
+    /// compared: EBUSY (open), EMLINK (hard-linked), ENOENT and EINVAL (not a file) are the
+    /// mount's to give.
+    Recompress {
+        path: &'static str,
+        spec: &'static str,
+    },
     /// Compares the whole trees (and every open file, linked or not).
     Check,
     /// Closes everything, unmounts, mounts again, compares the trees.
@@ -331,7 +353,7 @@ fn gen_op(rng: &mut StdRng, rs: u64) -> Op {
     let file = PATHS[rng.gen_range(DIRS..PATHS.len())];
     let file2 = PATHS[rng.gen_range(DIRS..PATHS.len())];
     let any = PATHS[rng.gen_range(0..PATHS.len())];
-    match rng.gen_range(0..1006) {
+    match rng.gen_range(0..1021) {
         0..=219 => Op::Pwrite { slot, off: gen_off(rng, rs), len: gen_len(rng, rs), fill: gen_fill(rng) },
         220..=389 => Op::Pread { slot, off: gen_off(rng, rs), len: gen_len(rng, rs) },
         390..=449 => Op::Write { slot, len: gen_len(rng, rs), fill: gen_fill(rng) },
@@ -379,7 +401,18 @@ fn gen_op(rng: &mut StdRng, rs: u64) -> Op {
         990..=995 => Op::Rmdir { dir: PATHS[rng.gen_range(0..DIRS)] },
         996..=997 => Op::Remount,
         998 => Op::Check,
-        _ => Op::Parallel { path: file, base: gen_off(rng, rs), len: rng.gen_range(1..=4 * rs.max(64 << 10) as usize), seed: rng.gen() },
+        999..=1005 => {
+            Op::Parallel { path: file, base: gen_off(rng, rs), len: rng.gen_range(1..=4 * rs.max(64 << 10) as usize), seed: rng.gen() }
+        }
+        _ => Op::Recompress {
+            // A directory (or the root) is `densefs recompress -r`: several files one after another.
+            path: match rng.gen_range(0..10) {
+                0 => "",
+                1..=2 => any,
+                _ => file,
+            },
+            spec: RECOMPRESS_SPECS[rng.gen_range(0..RECOMPRESS_SPECS.len())],
+        },
     }
 }
 
@@ -615,6 +648,25 @@ impl Side {
                     Ok(Out::Done)
                 }
             }
+            Op::Recompress { path, spec } => {
+                if !self.is_mount {
+                    return Ok(Out::Skipped);
+                }
+                // The CLI's own walk and per-file request (the xattr, with the name it adds).
+                use densefs::cli::recompress::{files_below, recompress_file};
+                let files = match files_below(&self.path(path), true) {
+                    Ok(files) => files,
+                    Err(e) => return Ok(Out::Text(e)),
+                };
+                let said: Vec<String> = files
+                    .iter()
+                    .map(|(f, _)| {
+                        let name = f.strip_prefix(&self.root).unwrap_or(f).display();
+                        recompress_file(f, spec).map_or_else(|e| format!("{name}: {e}"), |()| format!("{name}: done"))
+                    })
+                    .collect();
+                Ok(Out::Text(said.join("; ")))
+            }
             Op::Check | Op::Remount | Op::Nop => Ok(Out::Skipped),
         }
     }
@@ -839,8 +891,37 @@ fn stat_of(m: &std::fs::Metadata) -> Stat {
     }
 }
 
-/// After every operation: the size of every open file and the stat of every name agree.
+/// Which names and open slots share an inode number: for each, the others with its number (a
+/// hard link on one side only, or a name led to another file, shows as a difference).
+fn link_groups(ids: &[(String, u64)]) -> BTreeMap<String, Vec<String>> {
+    ids.iter().map(|(k, ino)| (k.clone(), ids.iter().filter(|(o, i)| i == ino && o != k).map(|(o, _)| o.clone()).collect())).collect()
+}
+
+/// The open slots' inode numbers, as "slot N".
+fn slot_inos(side: &Side) -> Vec<(String, u64)> {
+    (0..SLOTS).filter_map(|s| Some((format!("slot {s}"), side.slots[s].as_ref()?.metadata().ok()?.ino()))).collect()
+}
+
+fn compare_links(mount: &[(String, u64)], reference: &[(String, u64)]) -> Result<(), String> {
+    let (m, r) = (link_groups(mount), link_groups(reference));
+    for (key, mg) in &m {
+        let rg = r.get(key);
+        if rg != Some(mg) {
+            let ino = |ids: &[(String, u64)]| ids.iter().find(|(k, _)| k == key).map(|(_, i)| *i);
+            return Err(format!(
+                "{key} shares its inode number with {mg:?} on the mount (ino {:?}), with {rg:?} in the reference (ino {:?})",
+                ino(mount),
+                ino(reference)
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// After every operation: the size of every open file and the stat of every name agree, and so
+/// do which of them are one inode.
 fn post_check(mount: &Side, reference: &Side) -> Result<(), String> {
+    let (mut m_ids, mut r_ids) = (slot_inos(mount), slot_inos(reference));
     for slot in 0..SLOTS {
         match (&mount.slots[slot], &reference.slots[slot]) {
             (None, None) => {}
@@ -855,13 +936,16 @@ fn post_check(mount: &Side, reference: &Side) -> Result<(), String> {
         }
     }
     for name in PATHS {
-        let m = std::fs::symlink_metadata(mount.path(name)).map(|m| stat_of(&m)).map_err(|e| errno_of(&e));
-        let r = std::fs::symlink_metadata(reference.path(name)).map(|m| stat_of(&m)).map_err(|e| errno_of(&e));
+        let m = std::fs::symlink_metadata(mount.path(name)).map_err(|e| errno_of(&e));
+        let r = std::fs::symlink_metadata(reference.path(name)).map_err(|e| errno_of(&e));
+        m_ids.extend(m.as_ref().ok().map(|m| (name.to_string(), m.ino())));
+        r_ids.extend(r.as_ref().ok().map(|m| (name.to_string(), m.ino())));
+        let (m, r) = (m.map(|m| stat_of(&m)), r.map(|m| stat_of(&m)));
         if m != r {
             return Err(format!("stat {name}: mount {m:?}, reference {r:?}"));
         }
     }
-    Ok(())
+    compare_links(&m_ids, &r_ids)
 }
 
 #[derive(Debug, PartialEq)]
@@ -871,7 +955,13 @@ enum Node {
     Other(u32),
 }
 
-fn walk(root: &Path, rel: &Path, out: &mut BTreeMap<PathBuf, (Node, Option<Vec<u8>>)>) -> Result<(), String> {
+/// Every name below `rel` with its node and contents into `out`, its inode number into `inos`.
+fn walk(
+    root: &Path,
+    rel: &Path,
+    out: &mut BTreeMap<PathBuf, (Node, Option<Vec<u8>>)>,
+    inos: &mut Vec<(String, u64)>,
+) -> Result<(), String> {
     fn at(p: &Path) -> impl Fn(std::io::Error) -> String + '_ {
         move |e| format!("{}: {e}", p.display())
     }
@@ -883,9 +973,10 @@ fn walk(root: &Path, rel: &Path, out: &mut BTreeMap<PathBuf, (Node, Option<Vec<u
         let r = rel.join(&name);
         let p = root.join(&r);
         let m = std::fs::symlink_metadata(&p).map_err(at(&p))?;
+        inos.push((r.display().to_string(), m.ino()));
         if m.is_dir() {
             out.insert(r.clone(), (Node::Dir, None));
-            walk(root, &r, out)?;
+            walk(root, &r, out, inos)?;
         } else if m.is_file() {
             let data = std::fs::read(&p).map_err(at(&p))?;
             out.insert(r, (Node::File { size: m.len(), nlink: m.nlink(), perm: m.mode() & 0o7777 }, Some(data)));
@@ -902,17 +993,20 @@ fn slot_contents(f: &File) -> std::io::Result<Vec<u8>> {
     std::fs::read(format!("/proc/self/fd/{}", f.as_raw_fd()))
 }
 
-/// Every name, kind, size, link count, mode and byte of both trees, and every open file.
+/// Every name, kind, size, link count, mode and byte of both trees, which names and open files
+/// are one inode, and every open file.
 fn compare_trees(mount: &Side, reference: &Side) -> Result<(), String> {
     let mut m = BTreeMap::new();
     let mut r = BTreeMap::new();
-    walk(&mount.root, Path::new(""), &mut m).map_err(|e| format!("reading the mount: {e}"))?;
-    walk(&reference.root, Path::new(""), &mut r).map_err(|e| format!("reading the reference: {e}"))?;
+    let (mut m_ids, mut r_ids) = (slot_inos(mount), slot_inos(reference));
+    walk(&mount.root, Path::new(""), &mut m, &mut m_ids).map_err(|e| format!("reading the mount: {e}"))?;
+    walk(&reference.root, Path::new(""), &mut r, &mut r_ids).map_err(|e| format!("reading the reference: {e}"))?;
     let mk: Vec<_> = m.keys().collect();
     let rk: Vec<_> = r.keys().collect();
     if mk != rk {
         return Err(format!("tree names differ: mount {mk:?}, reference {rk:?}"));
     }
+    compare_links(&m_ids, &r_ids)?;
     for (path, (mnode, mdata)) in &m {
         let (rnode, rdata) = &r[path];
         if mnode != rnode {
@@ -1242,21 +1336,31 @@ fn run_ops(cfg: Config, ops: &[(usize, Op)], trace: bool) -> Result<(), Failure>
                 let m = mnt.exec(&resolved, &data);
                 let kind = format!("{resolved:?}").split([' ', '{']).next().unwrap_or("").to_string();
                 let e = stats.entry(kind).or_insert([0; 3]);
-                match &r {
-                    Ok(Out::Skipped) => e[2] += 1,
-                    Ok(_) => e[0] += 1,
-                    Err(_) => e[1] += 1,
+                // A recompress happens on the mount only: its result is the mount's to give.
+                let mount_only = matches!(resolved, Op::Recompress { .. });
+                match (&r, &m) {
+                    (_, Ok(Out::Text(t))) if mount_only && t.is_empty() => e[2] += 1,
+                    (_, Ok(Out::Text(t))) if mount_only && t.split("; ").all(|f| f.ends_with(": done")) => e[0] += 1,
+                    _ if mount_only => e[1] += 1,
+                    (Ok(Out::Skipped), _) => e[2] += 1,
+                    (Ok(_), _) => e[0] += 1,
+                    (Err(_), _) => e[1] += 1,
                 }
                 if trace {
-                    eprintln!("{}:     -> {}", cfg.name, show(&r));
+                    eprintln!("{}:     -> {}", cfg.name, show(if mount_only { &m } else { &r }));
                 }
-                match diff_results(&m, &r) {
+                match if mount_only { None } else { diff_results(&m, &r) } {
                     Some(d) => Err(d),
                     None => match resolved {
                         Op::SeekHoles { slot } => check_holes(&mnt, &reference, slot),
                         _ => Ok(()),
                     }
-                    .and_then(|_| post_check(&mnt, &reference).map_err(|e| format!("after the operation: {e}"))),
+                    .and_then(|_| {
+                        post_check(&mnt, &reference).map_err(|e| match &m {
+                            Ok(Out::Text(said)) if mount_only => format!("after the operation ({said}): {e}"),
+                            _ => format!("after the operation: {e}"),
+                        })
+                    }),
                 }
             }
         };
