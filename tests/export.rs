@@ -232,6 +232,106 @@ fn dot_and_dotdot_lookups_of_the_root_and_unknown_nodes() {
     }
 }
 
+/// Distinct contents for recompress tests: text and random bytes of sizes apart, so that no
+/// file's bytes could pass for another's.
+fn distinct_files(n: usize) -> Vec<(String, Vec<u8>)> {
+    (0..n)
+        .map(|i| {
+            let len = 100_000 + i * 97_000;
+            let data = if i % 3 == 2 { common::random_bytes(len, 40 + i as u64) } else { compressible(len, 40 + i as u64) };
+            (format!("f{i}.dat"), data)
+        })
+        .collect()
+}
+
+/// Which of `files` `data` is (for messages).
+fn which_file(files: &[(String, Vec<u8>)], data: &[u8]) -> String {
+    files.iter().find(|(_, d)| d == data).map_or(format!("no file's ({} bytes)", data.len()), |(n, _)| format!("{n}'s"))
+}
+
+/// `densefs recompress -r -q -o SPEC PATH`, which must rewrite every file.
+fn recompress(path: &Path, spec: &str) {
+    let out = Command::new(common::BIN).args(["recompress", "-r", "-q", "-o", spec]).arg(path).output().unwrap();
+    assert!(
+        out.status.success(),
+        "densefs recompress -r -o {spec}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Kernel handles taken before `densefs recompress` moves files into new containers (each a new
+/// lower inode; ext4 hands a number freed by one file to the next file moved): opened by
+/// handle, each gives that file's bytes or ESTALE, never another file's, while the kernel still
+/// holds the inodes and after it dropped them; every name shows its own inode and bytes, and
+/// handles taken after the recompress open the right files.
+#[test]
+fn handles_across_recompress() {
+    if !is_root() {
+        println!("SKIP: file handles need root");
+        return;
+    }
+    let d = Dirs::new();
+    let m = Mount::new(&d.lower, &d.mnt, "");
+    let _show = Show(m.log.clone());
+    std::fs::create_dir(m.path("r")).unwrap();
+    let files = distinct_files(6);
+    for (name, data) in &files {
+        std::fs::write(m.path(&format!("r/{name}")), data).unwrap();
+    }
+    // (handle, index into files, taken when)
+    let mut handles: Vec<(Handle, usize, String)> =
+        files.iter().enumerate().map(|(i, (name, _))| (handle_of(&m.path(&format!("r/{name}"))), i, "at the start".to_string())).collect();
+    let check = |handles: &[(Handle, usize, String)], when: &str| {
+        let mut stale = 0;
+        for (h, i, taken) in handles {
+            let name = &files[*i].0;
+            match open_by_handle(&d.mnt, h, libc::O_RDONLY) {
+                Err(e) if e.raw_os_error() == Some(libc::ESTALE) => stale += 1,
+                Err(e) => panic!("{when}: handle of {name} taken {taken}: {e}"),
+                Ok(fd) => {
+                    let mut data = Vec::new();
+                    File::from(fd).read_to_end(&mut data).unwrap();
+                    assert!(data == files[*i].1, "{when}: handle of {name} taken {taken} opened {} bytes", which_file(&files, &data));
+                }
+            }
+        }
+        println!("{when}: {stale} of {} handles stale, the rest open their own files", handles.len());
+    };
+    let names = |when: &str| {
+        let mut inos = std::collections::BTreeMap::new();
+        for (name, data) in &files {
+            let p = m.path(&format!("r/{name}"));
+            let ino = std::fs::metadata(&p).unwrap_or_else(|e| panic!("{when}: stat {name}: {e}")).ino();
+            if let Some(other) = inos.insert(ino, name) {
+                panic!("{when}: {other} and {name} both show inode {ino}");
+            }
+            let got = std::fs::read(&p).unwrap_or_else(|e| panic!("{when}: read {name}: {e}"));
+            assert!(&got == data, "{when}: {name} reads as {} bytes", which_file(&files, &got));
+        }
+    };
+    check(&handles, "before any recompress");
+    for size in ["64K", "256K"] {
+        recompress(&m.path("r"), &format!("recordsize={size}"));
+        check(&handles, &format!("after recompress to {size}"));
+        names(&format!("after recompress to {size}"));
+        // The names were looked up again and found the new files, while the kernel still holds
+        // the old inodes the handles name.
+        check(&handles, &format!("after recompress to {size} and a lookup of each name"));
+        let fresh: Vec<_> = files
+            .iter()
+            .enumerate()
+            .map(|(i, (name, _))| (handle_of(&m.path(&format!("r/{name}"))), i, format!("after recompress to {size}")))
+            .collect();
+        check(&fresh, &format!("after recompress to {size}, new handles"));
+        handles.extend(fresh);
+        drop_caches();
+        check(&handles, &format!("after recompress to {size} and drop_caches"));
+        names(&format!("after recompress to {size} and drop_caches"));
+    }
+    m.unmount();
+}
+
 /// Whether the NFS server and client tools are here, installing them (Debian) if not.
 fn nfs_tools() -> Result<(), String> {
     let vfs_fsal =
