@@ -260,22 +260,25 @@ pub(super) fn serve(
     } else {
         "/dev/fuse".to_string()
     };
-    tracing::info!(
-        "mounted {} on {} (compression={}, recordsize={}K, requests through {transport})",
-        lower.display(),
-        mountpoint.display(),
-        config.options.properties.compression,
-        config.options.properties.layout.record_size() / 1024
-    );
     // Mounted: only now does this run count as one (a mount that fails leaves the record as
     // the last run left it, and its hints trusted).
     fs.begin_run(!config.read_only());
-    if let Some(mut pipe) = ready.take() {
-        let _ = pipe.write_all(b"ok");
-        drop(pipe);
-        quiet_stdio();
-    }
-    let result = session.run();
+    // "mounted" (the log line, the parent's "ok") once every thread serves, so that whoever
+    // waits for it finds the daemon as it runs (its threads, its rings), not only the mount.
+    let result = session.run_then(|| {
+        tracing::info!(
+            "mounted {} on {} (compression={}, recordsize={}K, requests through {transport})",
+            lower.display(),
+            mountpoint.display(),
+            config.options.properties.compression,
+            config.options.properties.layout.record_size() / 1024
+        );
+        if let Some(mut pipe) = ready.take() {
+            let _ = pipe.write_all(b"ok");
+            drop(pipe);
+            quiet_stdio();
+        }
+    });
     session_ended.store(true, std::sync::atomic::Ordering::SeqCst);
     fs.flush_all();
     let root = File::open(lower).map_err(|e| e.to_string())?;

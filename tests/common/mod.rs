@@ -29,6 +29,12 @@ fn is_mounted(mnt: &Path) -> bool {
     densefs::cli::mountinfo::mountinfo().iter().any(|m| m.point == mnt)
 }
 
+/// How many times a daemon logged that it serves (once every thread of it does, ring
+/// threads registered: `Session::run_then`) into `log`.
+fn mounted_lines(log: &Path) -> usize {
+    std::fs::read_to_string(log).unwrap_or_default().lines().filter(|l| l.contains("densefs::cli::daemon: mounted ")).count()
+}
+
 /// A densefs daemon running in the foreground as a child process; unmounted on drop.
 pub struct Mount {
     pub child: Option<Child>,
@@ -80,9 +86,12 @@ impl Mount {
             cmd.arg("-o").arg(options);
         }
         cmd.arg("--log").arg(&log).arg(lower).arg(mnt).stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::inherit());
+        // A test remounting the same point appends to the same log: wait for one more line.
+        let before = mounted_lines(&log);
         let mut child = cmd.spawn().expect("spawn densefs");
         let deadline = Instant::now() + Duration::from_secs(20);
-        while !is_mounted(mnt) {
+        // The mount shows before the daemon's threads run: wait for the daemon's own word.
+        while !is_mounted(mnt) || mounted_lines(&log) == before {
             if let Ok(Some(status)) = child.try_wait() {
                 panic!("densefs exited before mounting: {status}; log: {}", std::fs::read_to_string(&log).unwrap_or_default());
             }

@@ -252,6 +252,16 @@ impl<FS: Filesystem> Session<FS> {
     /// # Errors
     /// Returns any final error when the session comes to an end.
     pub fn run(self) -> io::Result<()> {
+        self.run_then(|| {})
+    }
+
+    /// As `run`, calling `ready` once every thread serves: each /dev/fuse reader started and
+    /// each ring thread's entry registered with the kernel (or that thread failed). Whoever
+    /// starts the daemon can then wait for it instead of for the mount alone, which shows before
+    /// any thread runs.
+    /// # Errors
+    /// As `run`.
+    pub fn run_then(self, ready: impl FnOnce()) -> io::Result<()> {
         let Session {
             filesystem,
             ch,
@@ -303,6 +313,7 @@ impl<FS: Filesystem> Session<FS> {
         channels.push(ch);
 
         let mut threads = Vec::with_capacity(n_threads);
+        let (started_tx, started_rx) = std::sync::mpsc::channel();
 
         if let Some(payload_size) = uring_payload_size {
             let queues = crate::uring::UringQueues {
@@ -313,7 +324,7 @@ impl<FS: Filesystem> Session<FS> {
                 payload_size,
                 threads_per_queue: config.io_uring_threads,
             };
-            threads.extend(queues.spawn()?);
+            threads.extend(queues.spawn(&started_tx)?);
         }
 
         let several_cpus = thread::available_parallelism().is_ok_and(|n| n.get() > 1);
@@ -333,12 +344,20 @@ impl<FS: Filesystem> Session<FS> {
                 linger_after_forget: over_uring && several_cpus,
                 step_aside: step_aside.clone(),
             };
-            threads.push(
-                thread::Builder::new()
-                    .name(thread_name)
-                    .spawn(move || event_loop.event_loop())?,
-            );
+            let started = Started(Some(started_tx.clone()));
+            threads.push(thread::Builder::new().name(thread_name).spawn(move || {
+                drop(started);
+                event_loop.event_loop()
+            })?);
         }
+        // Each thread says so once (a `Started` dropped); a recv error: none is left to say.
+        drop(started_tx);
+        for _ in 0..threads.len() {
+            if started_rx.recv().is_err() {
+                break;
+            }
+        }
+        ready();
 
         let mut reply: io::Result<()> = Ok(());
         for thread in threads {
@@ -764,5 +783,17 @@ impl BackgroundSession {
                     "filesystem background thread panicked",
                 )
             })?
+    }
+}
+
+/// A thread's word that it serves (or gave up), sent when dropped, so that it is sent exactly
+/// once whichever way the thread's start goes.
+pub(crate) struct Started(pub(crate) Option<std::sync::mpsc::Sender<()>>);
+
+impl Drop for Started {
+    fn drop(&mut self) {
+        if let Some(tx) = self.0.take() {
+            let _ = tx.send(());
+        }
     }
 }

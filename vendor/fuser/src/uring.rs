@@ -392,19 +392,24 @@ fn set_affinity(set: &libc::cpu_set_t) -> io::Result<()> {
 
 impl<FS: Filesystem> UringQueues<FS> {
     /// Starts the ring threads: `threads_per_queue` for each CPU's queue, each pinned to its CPU.
-    pub(crate) fn spawn(self) -> io::Result<Vec<std::thread::JoinHandle<io::Result<()>>>> {
+    /// Each thread drops a `Started` (sent on `started`) once its entry is registered.
+    pub(crate) fn spawn(
+        self,
+        started: &std::sync::mpsc::Sender<()>,
+    ) -> io::Result<Vec<std::thread::JoinHandle<io::Result<()>>>> {
         let queues = Arc::new(self);
         let mut threads = Vec::new();
         for qid in 0..possible_cpus() {
             for t in 0..queues.threads_per_queue {
                 let queues = queues.clone();
+                let started = crate::session::Started(Some(started.clone()));
                 let name = format!("fuser-ring-{qid}.{t}");
                 threads.push(
                     std::thread::Builder::new()
                         .name(name.clone())
                         .spawn(move || {
                             let affinity = Affinity::pin(qid);
-                            let result = queues.serve(qid as u16, name, affinity);
+                            let result = queues.serve(qid as u16, name, affinity, started);
                             if let Err(e) = &result {
                                 error!("io_uring queue {qid}: {e}");
                             }
@@ -417,7 +422,13 @@ impl<FS: Filesystem> UringQueues<FS> {
     }
 
     /// Serves one ring entry of queue `qid` until the connection ends.
-    fn serve(&self, qid: u16, thread_name: String, mut affinity: Affinity) -> io::Result<()> {
+    fn serve(
+        &self,
+        qid: u16,
+        thread_name: String,
+        mut affinity: Affinity,
+        started: crate::session::Started,
+    ) -> io::Result<()> {
         let mut entry = EntryBuffers::new(self.payload_size);
         let sender = UringSender::new(&mut entry);
         // Declared after the buffers, so dropped (closed, cancelling the entry) before them.
@@ -437,6 +448,15 @@ impl<FS: Filesystem> UringQueues<FS> {
         // SAFETY: the entry's buffers and iovecs outlive the ring (dropped after it, below).
         unsafe { ring.submission().push(&register) }
             .map_err(|_| io::Error::other("ring full"))?;
+        // Submitted: the kernel has the entry (a URING_CMD is issued inside the submit).
+        loop {
+            match ring.submit() {
+                Ok(_) => break,
+                Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
+                Err(e) => return Err(e),
+            }
+        }
+        drop(started);
         let mut failures = 0;
         // After each answer the thread looks for its next request (yielding its CPU to any other
         // work) before it sleeps. A program that makes one request after another (`tar x`:
