@@ -183,6 +183,37 @@ fn a_file_closed_on_a_full_disk_keeps_its_data_until_it_can_be_written() {
     m.unmount();
 }
 
+/// Deleting the file that filled the disk gives its space back at once, as on a local file
+/// system: the daemon's descriptor of it closes only at the kernel's FORGET, which comes a
+/// moment after `rm` returned, and a write made right away was refused with ENOSPC (one round
+/// in about 30). Each round fills the disk through the mount, deletes the file (closed, or
+/// still open and closed just after) and writes a small file at once.
+#[test]
+fn a_write_right_after_deleting_the_file_that_filled_the_disk_is_admitted() {
+    let d = Dirs::new();
+    let _disk = SmallDisk::new(&d.lower, "16M");
+    let m = Mount::new(&d.lower, &d.mnt, "compression=lz4");
+    let small = compressible(64 << 10, 7);
+    for round in 0..48 {
+        // Half the rounds as `cp` then `cat >>`: the appending writer's close finds the disk
+        // full and keeps what it could not land in memory until the rm.
+        if round % 4 >= 2 {
+            fs::write(m.path("big"), random_bytes(8 << 20, round)).unwrap();
+        }
+        let mut f = OpenOptions::new().append(true).create(true).open(m.path("big")).unwrap();
+        let err = (0..64).find_map(|i| f.write_all(&random_bytes(1 << 20, round * 100 + i)).err()).expect("the disk fills");
+        assert_eq!(errno(&err), libc::ENOSPC, "round {round}: the disk fills");
+        drop(f);
+        let held = (round % 2 == 1).then(|| fs::File::open(m.path("big")).unwrap());
+        fs::remove_file(m.path("big")).unwrap();
+        drop(held);
+        let name = format!("small{round}");
+        fs::write(m.path(&name), &small).unwrap_or_else(|e| panic!("round {round}: a write right after the rm: {e}"));
+        assert!(fs::read(m.path(&name)).unwrap() == small, "round {round}: {name} reads back");
+    }
+    m.unmount();
+}
+
 /// A record rewritten lands beside its old copy, which the next sync frees; a truncate's copies
 /// are freed by the next sync too. On a nearly full disk the writer does not hear ENOSPC while
 /// such copies could be freed: they are freed first (as ext4 commits its journal before it says

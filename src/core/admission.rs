@@ -6,7 +6,9 @@
 //! while the lower's free space covers it and every byte still unlanded (counted uncompressed,
 //! as its compressed size is not known yet). Short of that, the writer starts writeback and
 //! waits for landings; when nothing is left to land, or a landing found the disk full, the write
-//! is refused with ENOSPC and nothing acknowledged is lost.
+//! is refused with ENOSPC and nothing acknowledged is lost. A sample of the free space only ever
+//! admits: a refusal always follows a fresh statvfs, taken after old copies were freed and after
+//! the files just deleted were let go of (`DeletedHeld`).
 
 use parking_lot::{Condvar, Mutex};
 use std::os::fd::RawFd;
@@ -172,7 +174,8 @@ impl WriteAdmission {
 pub struct Hooks<'a> {
     /// Hands every open file's dirty records to the engine.
     pub writeback: &'a dyn Fn(),
-    /// Syncs every file holding old copies for the next sync to free, freeing them.
+    /// Syncs every file holding old copies for the next sync to free, freeing them, and waits
+    /// for the files just deleted to be let go of (`DeletedHeld`).
     pub reclaim: &'a dyn Fn(),
 }
 
@@ -182,6 +185,46 @@ pub struct Hooks<'a> {
 /// `None` for a file system that counts no blocks (it keeps no account of space).
 pub fn writable_bytes(sv: &libc::statvfs) -> Option<u64> {
     (sv.f_blocks > 0).then(|| sv.f_bavail.saturating_mul(sv.f_frsize))
+}
+
+/// How long after a file was deleted a writer short of room waits for its space to come back.
+const DELETED_WAIT: Duration = Duration::from_secs(1);
+
+/// Deleted files (no name left) whose lower descriptor the daemon still holds: their blocks
+/// come back when it is closed, at the kernel's FORGET, which comes a moment after the unlink
+/// returned (or after the close(2) of the last handle, whose RELEASE it does not wait for). `rm big; echo x > small` on a full disk must find the space back, as on
+/// ext4, so a writer about to be refused waits for those FORGETs first.
+#[derive(Default)]
+pub struct DeletedHeld {
+    /// How many, and when the last was deleted.
+    state: Mutex<(usize, Option<Instant>)>,
+    let_go: Condvar,
+}
+
+impl DeletedHeld {
+    pub fn held(&self) {
+        let mut state = self.state.lock();
+        *state = (state.0 + 1, Some(Instant::now()));
+    }
+
+    pub fn closed(&self) {
+        let mut state = self.state.lock();
+        state.0 = state.0.saturating_sub(1);
+        self.let_go.notify_all();
+    }
+
+    /// Waits until every deleted file held is let go of, for at most `DELETED_WAIT` after the
+    /// last deletion (one the kernel holds on to, say a program's O_PATH descriptor, keeps its
+    /// blocks as on any file system). `retry` lets go of those whose FORGET found them busy.
+    pub fn wait(&self, retry: impl Fn()) {
+        loop {
+            retry();
+            let mut state = self.state.lock();
+            let (1.., Some(last)) = *state else { return };
+            let Some(left) = DELETED_WAIT.checked_sub(last.elapsed()) else { return };
+            self.let_go.wait_for(&mut state, left.min(Duration::from_millis(10)));
+        }
+    }
 }
 
 #[cfg(test)]

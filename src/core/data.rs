@@ -361,7 +361,7 @@ impl DenseFs {
         }
         if open.content.as_ref().is_some_and(|c| c.nameless(inode)) {
             // Unlinked while open: nobody can read it again, so nothing is written back and
-            // its space comes back now.
+            // its space comes back when its descriptor is closed, at the kernel's FORGET.
             open.content = None;
             return;
         }
@@ -403,6 +403,12 @@ impl DenseFs {
         let Some(inode) = self.inodes.find(dev, ino) else { return };
         inode.lost_a_name.store(true, Ordering::Relaxed);
         let mut open = inode.open.lock();
+        if last_name {
+            // Its blocks come back when its descriptor closes: at once below where no handle has
+            // it open, else after the RELEASE of its last handle and the kernel's FORGET (a
+            // close(2) does not wait for them).
+            self.inodes.deleted_but_held(&inode);
+        }
         if open.handles > 0 || !(last_name || open.content.as_ref().is_some_and(|c| c.nameless(&inode))) {
             return;
         }

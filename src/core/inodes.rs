@@ -27,6 +27,7 @@
 //! the file that had it before (a file densefs replaced, `retire`, or one a generation shows is
 //! gone) get ids from a high range that are stable for the life of the mount.
 
+use super::admission::DeletedHeld;
 use super::container::Container;
 use super::lower;
 use super::props::LocalProps;
@@ -117,6 +118,8 @@ pub struct Inode {
     /// another file: the node answers ESTALE until the kernel forgets it, and no lookup finds
     /// it again (the lower inode's number may name another file by now).
     retired: AtomicBool,
+    /// Counted in `InodeTable::deleted`: no name left, its descriptor still held.
+    deleted_held: AtomicBool,
 }
 
 /// `content` is set while handles are open, and also after the last close when writing it back
@@ -212,6 +215,9 @@ pub struct InodeTable {
     /// too few descriptors to close (files held open), so that each further open does not scan
     /// the whole table again.
     evict_above: AtomicUsize,
+    /// Deleted files whose descriptor is still held (until their FORGET): admission waits for
+    /// their space before it refuses a write.
+    pub deleted: DeletedHeld,
 }
 
 struct Tables {
@@ -249,6 +255,7 @@ impl InodeTable {
             kernel_has_attrs: AtomicBool::new(false),
             blocks_told: AtomicU64::new(0),
             retired: AtomicBool::new(false),
+            deleted_held: AtomicBool::new(false),
         });
         let mut by_id = HashMap::new();
         by_id.insert(ROOT, Entry { inode: root, lookups: 1 });
@@ -263,6 +270,21 @@ impl InodeTable {
             forgets_deferred: AtomicBool::new(false),
             fd_budget: fd_budget.max(64),
             evict_above: AtomicUsize::new(fd_budget.max(64)),
+            deleted: DeletedHeld::default(),
+        }
+    }
+
+    /// `inode` has no name left: its blocks come back when its descriptor is closed.
+    pub fn deleted_but_held(&self, inode: &Inode) {
+        if inode.place.lock().fd.is_some() && !inode.deleted_held.swap(true, Ordering::Relaxed) {
+            self.deleted.held();
+        }
+    }
+
+    /// `inode`'s descriptor was closed (the table's lock released first).
+    fn closed_fd_of(&self, inode: &Inode) {
+        if inode.deleted_held.swap(false, Ordering::Relaxed) {
+            self.deleted.closed();
         }
     }
 
@@ -367,13 +389,16 @@ impl InodeTable {
             }
             let Some(mut place) = inode.place.try_lock() else { continue };
             if let Some(fd) = place.fd.take() {
-                closing.push(fd);
+                closing.push((fd, inode.clone()));
                 self.open_fds.fetch_sub(1, Ordering::Relaxed);
                 to_close -= 1;
             }
         }
         drop(t);
-        drop(closing);
+        for (fd, inode) in closing {
+            drop(fd);
+            self.closed_fd_of(&inode);
+        }
     }
 
     /// The id lower inode (dev, ino) has unless it is taken: its number, or the high id it got
@@ -503,6 +528,7 @@ impl InodeTable {
             kernel_has_attrs: AtomicBool::new(false),
             blocks_told: AtomicU64::new(0),
             retired: AtomicBool::new(false),
+            deleted_held: AtomicBool::new(false),
         });
         t.by_id.insert(id, Entry { inode: inode.clone(), lookups });
         drop(t);
@@ -666,6 +692,8 @@ impl InodeTable {
         if fd.is_some() {
             self.open_fds.fetch_sub(1, Ordering::Relaxed);
         }
+        drop(fd);
+        self.closed_fd_of(inode);
     }
 
     pub fn forget(&self, nodeid: u64, n: u64) {
@@ -703,6 +731,7 @@ impl InodeTable {
                 self.open_fds.fetch_sub(1, Ordering::Relaxed);
             }
             drop(fd);
+            self.closed_fd_of(&e.inode);
         }
     }
 

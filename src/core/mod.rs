@@ -511,6 +511,7 @@ impl DenseFs {
         self.memory.set_reclaim(Box::new(move || {
             if let Some(fs) = weak.upgrade() {
                 fs.reclaim_old_copies();
+                fs.inodes.deleted.wait(|| fs.inodes.retry_deferred_forgets());
             }
         }));
     }

@@ -327,10 +327,10 @@ impl DenseFs {
         hidden(name, libc::ENOENT)?;
         let dir = self.inode(parent)?;
         let c = cstr(name)?;
-        let unlinked = lower::stat_at(dir.raw_fd(), name).ok();
+        let unlinked = lower::id_and_links_at(dir.raw_fd(), &c);
         lower::unlinkat(dir.raw_fd(), &c, 0)?;
-        if let Some(st) = unlinked {
-            self.let_go_if_unlinked(st.st_dev, st.st_ino, st.st_nlink <= 1);
+        if let Some((dev, ino, links)) = unlinked {
+            self.let_go_if_unlinked(dev, ino, links <= 1);
         }
         Ok(())
     }
@@ -351,7 +351,7 @@ impl DenseFs {
         let a = cstr(name)?;
         let b = cstr(new_name)?;
         let moving = lower::id_at(from.raw_fd(), &a);
-        let displaced = lower::stat_at(to.raw_fd(), new_name).ok().map(|st| (st.st_dev, st.st_ino, st.st_nlink));
+        let displaced = lower::id_and_links_at(to.raw_fd(), &b);
         lower::renameat2(from.raw_fd(), &a, to.raw_fd(), &b, flags)?;
         // Keep the inode table's idea of where things live (it reopens evicted inodes by name).
         if let Some((dev, ino)) = moving {

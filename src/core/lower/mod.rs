@@ -209,11 +209,17 @@ pub fn stat_at(dir: RawFd, name: &OsStr) -> io::Result<libc::stat> {
 /// The (device, inode number) of `name` in directory `dir`, without following a symlink; `None`
 /// if it cannot be stat'ed.
 pub fn id_at(dir: RawFd, name: &CStr) -> Option<(u64, u64)> {
+    id_and_links_at(dir, name).map(|(dev, ino, _)| (dev, ino))
+}
+
+/// As `id_at`, with the entry's link count.
+pub fn id_and_links_at(dir: RawFd, name: &CStr) -> Option<(u64, u64, u64)> {
     // SAFETY: `stat` is a plain C struct of integers; all zeros is a valid value.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
     // SAFETY: `name` is NUL-terminated; fstatat writes only into `st`.
     let found = unsafe { libc::fstatat(dir, name.as_ptr(), &mut st, libc::AT_SYMLINK_NOFOLLOW) } == 0;
-    found.then_some((st.st_dev, st.st_ino))
+    #[allow(clippy::useless_conversion)] // nlink_t is u32 on some targets
+    found.then_some((st.st_dev, st.st_ino, u64::from(st.st_nlink)))
 }
 
 /// fstat of any descriptor, O_PATH ones included (fstatat with AT_EMPTY_PATH), not following a
