@@ -8,7 +8,7 @@
 //! needed again, checking that the same lower inode is found (else ESTALE). So a mount over a
 //! tree of millions of files needs no more descriptors than the budget.
 //!
-//! File handles (NFS export): the kernel may ask for a node it no longer has, by number alone
+//! File handles (NFS export, `by_number.rs`): the kernel may ask for a node it no longer has, by number alone
 //! (LOOKUP(node, ".")), after it forgot it or after a restart of the daemon. On an ext2/3/4
 //! lower such an inode is reopened by a constructed lower handle (FILEID_INO32_GEN, generation
 //! 0 = "any"); the kernel then compares the generation we report with its handle's. A directory
@@ -28,169 +28,26 @@
 //! gone) get ids from a high range that are stable for the life of the mount.
 
 use super::admission::DeletedHeld;
-use super::container::Container;
 use super::lower;
-use super::props::LocalProps;
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::ffi::{OsStr, OsString};
 use std::fs::File;
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
+mod by_number;
+mod inode;
+#[cfg(test)]
+mod tests;
+
+use inode::Place;
+pub use inode::{ClosedSize, Content, Inode, Node, OpenState};
+
 pub const ROOT: u64 = 1;
 const REMAPPED_BASE: u64 = 1 << 62;
-
-/// Data access to a regular file, shared by all its open handles.
-#[derive(Clone)]
-pub enum Content {
-    /// A lower file that is not a container: served byte for byte.
-    Plain(Arc<File>),
-    Container(Arc<Container>),
-}
-
-struct Place {
-    /// The directory and name it was last seen under; None for a non-directory found by its
-    /// number (a file handle) whose directory is unknown.
-    link: Option<(u64, OsString)>,
-    /// O_PATH, or open for reading or writing: while a regular file is open, the descriptor
-    /// its content reads and writes through (one descriptor per open file, not two).
-    fd: Option<Arc<File>>,
-    /// `fd` is open for reading (a regular file found through readdir, or open content), not
-    /// O_PATH: the container header can be read through it directly.
-    readable: bool,
-}
-
-/// What a closed regular file's header said, and the lower status it was read under.
-#[derive(Clone, Copy)]
-pub struct ClosedSize {
-    /// The lower file's (size, mtime, ctime) when the header was read: every change the daemon
-    /// makes to a lower file (records, header, futimens) moves its ctime, so an equal stamp
-    /// means the same header (kept only for a ctime over a second old, so that a coarse clock
-    /// cannot give a change the same ctime).
-    pub stamp: (i64, i64, i64, i64, i64),
-    /// The logical size and record size; None for a file that is not a container.
-    pub size: Option<(u64, u32)>,
-}
-
-impl ClosedSize {
-    pub fn stamp_of(st: &libc::stat) -> (i64, i64, i64, i64, i64) {
-        (st.st_size, st.st_mtime, st.st_mtime_nsec, st.st_ctime, st.st_ctime_nsec)
-    }
-}
-
-pub struct Inode {
-    pub nodeid: u64,
-    /// File type bits (S_IFMT) of the lower inode.
-    pub kind: u32,
-    dev: u64,
-    ino: u64,
-    /// The lower inode's generation (ext4's i_generation; 0 where unknown, and for the root),
-    /// reported to the kernel with each entry so that file handles detect reused numbers.
-    pub generation: u32,
-    place: Mutex<Place>,
-    last_used: AtomicU64,
-    /// Open handles and their shared content. Guarded by its own lock, held while opening.
-    pub open: Mutex<OpenState>,
-    /// A directory's own properties, once read: every change to them goes through
-    /// `DenseFs::set_property`, so creating a file reads no xattrs of its ancestors.
-    pub local_props: Mutex<Option<LocalProps>>,
-    /// The logical size of a closed regular file, so a second lookup or getattr does not read
-    /// the header again (checked against the lower file's status before use).
-    pub closed_size: Mutex<Option<ClosedSize>>,
-    /// The lower inode is known to have no `security.capability`, which the kernel asks for
-    /// before a file's first write and chmod/chown: a file this daemon created, or one the
-    /// lower answered ENODATA for. Any setxattr through densefs forgets it.
-    pub no_capability: AtomicBool,
-    /// A name of it was removed through densefs (unlink, a rename over it): only then can the
-    /// lower file have no name left, which the last close checks (a stat it saves otherwise).
-    pub lost_a_name: AtomicBool,
-    /// The kernel may hold this file's attributes from a reply, and the daemon's own writes
-    /// (landing after close, the writeback tick, recompress) would make them stale: set where
-    /// attributes are handed out (`DenseFs::attr_with`), cleared when the kernel is told to drop
-    /// them and by a WRITE (after which the kernel drops them itself).
-    pub kernel_has_attrs: AtomicBool,
-    /// The lower's block count in the last attributes handed out (`DenseFs::attr_with`).
-    pub blocks_told: AtomicU64,
-    /// Its lower inode is gone (densefs replaced it: recompress), or its number now belongs to
-    /// another file: the node answers ESTALE until the kernel forgets it, and no lookup finds
-    /// it again (the lower inode's number may name another file by now).
-    retired: AtomicBool,
-    /// Counted in `InodeTable::deleted`: no name left, its descriptor still held.
-    deleted_held: AtomicBool,
-}
-
-/// `content` is set while handles are open, and also after the last close when writing it back
-/// failed (a full disk, an I/O error): the data stays in memory, readable, and background
-/// writeback retries until it lands.
-#[derive(Default)]
-pub struct OpenState {
-    pub handles: usize,
-    pub content: Option<Content>,
-    /// When a content last wrote the file back and let go of it (`DenseFs::written_back`'s
-    /// count then): a lower stat taken before may show what it replaced.
-    pub written_back_at: u64,
-}
-
-impl Inode {
-    /// The lower inode's (device, inode number).
-    pub fn lower_id(&self) -> (u64, u64) {
-        (self.dev, self.ino)
-    }
-
-    /// The content of an open file, if some handle has it open.
-    pub fn open_content(&self) -> Option<Content> {
-        self.open.lock().content.clone()
-    }
-
-    /// The descriptor the table keeps for it, if it keeps one now (none is opened for this).
-    pub fn cached_fd(&self) -> Option<Arc<File>> {
-        self.place.lock().fd.clone()
-    }
-
-    pub fn is_retired(&self) -> bool {
-        self.retired.load(Ordering::SeqCst)
-    }
-
-    /// Whether this node stands for the lower inode (dev, ino) with `generation` (0: unknown).
-    fn names(&self, dev: u64, ino: u64, generation: u32) -> bool {
-        (self.dev, self.ino) == (dev, ino)
-            && !self.is_retired()
-            && (generation == 0 || self.generation == 0 || generation == self.generation)
-    }
-}
-
-/// An inode with its descriptor pinned for the duration of one operation.
-pub struct Node {
-    pub inode: Arc<Inode>,
-    fd: Arc<File>,
-    readable: bool,
-}
-
-impl Node {
-    pub fn raw_fd(&self) -> RawFd {
-        self.fd.as_raw_fd()
-    }
-
-    /// The descriptor itself, to share (see `InodeTable::share`).
-    pub fn file(&self) -> &Arc<File> {
-        &self.fd
-    }
-
-    /// The cached descriptor when it is open for reading (not O_PATH).
-    pub fn readable_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
-        self.readable.then(|| self.fd.as_fd())
-    }
-}
-
-impl std::ops::Deref for Node {
-    type Target = Inode;
-    fn deref(&self) -> &Inode {
-        &self.inode
-    }
-}
 
 struct Entry {
     inode: Arc<Inode>,
@@ -581,88 +438,6 @@ impl InodeTable {
         Some(e.inode.clone())
     }
 
-    /// Opens a lower inode by number (and generation, 0 = any), if the lower file system allows.
-    fn open_by_number(&self, dev: u64, ino: u64, generation: u32) -> Option<OwnedFd> {
-        let root = self.handle_root.as_ref()?;
-        if dev != self.root_dev || ino > u32::MAX as u64 {
-            return None;
-        }
-        lower::open_by_number(root.as_raw_fd(), ino as u32, generation).ok()
-    }
-
-    /// Registers a lower inode found without a name (by number, or as a directory's ".."),
-    /// with `lookups` kernel lookups. A directory's place is found by walking "..".
-    fn register(&self, fd: OwnedFd, st: &libc::stat, lookups: u64) -> io::Result<Arc<Inode>> {
-        let link = if st.st_mode & libc::S_IFMT == libc::S_IFDIR { Some(self.link_of_dir(&fd, st)?) } else { None };
-        Ok(self.insert(link, Arc::new(File::from(fd)), false, st, lookups))
-    }
-
-    /// A directory's parent node and name: its ".." (registered, without a kernel lookup, if
-    /// unknown) and the entry there with its number. ESTALE if the walk leaves the lower tree.
-    fn link_of_dir(&self, fd: &OwnedFd, st: &libc::stat) -> io::Result<(u64, OsString)> {
-        let parent_fd = lower::open_path(fd.as_raw_fd(), OsStr::new(".."))?;
-        let pst = lower::stat_fd(parent_fd.as_raw_fd())?;
-        let name = lower::name_of_ino(parent_fd.as_raw_fd(), st.st_ino).map_err(|_| errno(libc::ESTALE))?;
-        if let Some(id) = self.known(pst.st_dev, pst.st_ino) {
-            return Ok((id, name));
-        }
-        if (pst.st_dev, pst.st_ino) == (st.st_dev, st.st_ino) || pst.st_dev != self.root_dev {
-            return Err(errno(libc::ESTALE)); // reached the file system's root: not below ours
-        }
-        Ok((self.register(parent_fd, &pst, 0)?.nodeid, name))
-    }
-
-    /// One kernel lookup of a node by number alone (LOOKUP(node, "."), sent to resolve a file
-    /// handle whose inode the kernel does not hold). ESTALE if it cannot be found (deleted, or
-    /// a lower file system that cannot reopen inodes by number).
-    pub fn lookup_self(&self, nodeid: u64) -> io::Result<Arc<Inode>> {
-        if let Some(inode) = self.add_lookup(nodeid) {
-            return Ok(inode);
-        }
-        // The lower inode a high id was given to in this mount, or the one the id is the number of.
-        let ino = if nodeid >= REMAPPED_BASE {
-            let t = self.inner.lock();
-            let given = t.remapped.iter().find(|(_, id)| **id == nodeid).map(|(lower, _)| *lower);
-            match given {
-                Some((dev, ino)) if dev == self.root_dev => ino,
-                _ => return Err(errno(libc::ESTALE)),
-            }
-        } else {
-            nodeid
-        };
-        let fd = self.open_by_number(self.root_dev, ino, 0).ok_or_else(|| errno(libc::ESTALE))?;
-        let st = lower::stat_fd(fd.as_raw_fd())?;
-        if (st.st_dev, st.st_ino) != (self.root_dev, ino) {
-            return Err(errno(libc::ESTALE));
-        }
-        let inode = self.register(fd, &st, 1)?;
-        if inode.nodeid != nodeid {
-            self.forget(inode.nodeid, 1);
-            return Err(errno(libc::ESTALE));
-        }
-        Ok(inode)
-    }
-
-    /// One kernel lookup of a directory's parent (LOOKUP(node, "..")); the root's is the root.
-    pub fn lookup_parent(&self, nodeid: u64) -> io::Result<Arc<Inode>> {
-        if nodeid == ROOT {
-            return self.add_lookup(ROOT).ok_or_else(|| errno(libc::ESTALE));
-        }
-        let node = self.node(nodeid)?;
-        if node.kind != libc::S_IFDIR {
-            return Err(errno(libc::ENOTDIR));
-        }
-        let parent_fd = lower::open_path(node.raw_fd(), OsStr::new(".."))?;
-        let pst = lower::stat_fd(parent_fd.as_raw_fd())?;
-        if let Some(inode) = self.known(pst.st_dev, pst.st_ino).and_then(|id| self.add_lookup(id)) {
-            return Ok(inode);
-        }
-        if (pst.st_dev, pst.st_ino) == (node.dev, node.ino) || pst.st_dev != self.root_dev {
-            return Err(errno(libc::ESTALE));
-        }
-        self.register(parent_fd, &pst, 1)
-    }
-
     /// Records that the entry `name` in `parent` now lives at `new_parent`/`new_name`.
     pub fn moved(&self, dev: u64, ino: u64, new_parent: u64, new_name: &OsStr) {
         if let Some(inode) = self.find(dev, ino) {
@@ -781,141 +556,5 @@ impl InodeTable {
         // Collect first: an inode's `open` lock is taken before this table's lock elsewhere
         // (opening resolves properties up the parent chain), never after it.
         self.inner.lock().by_id.values().map(|e| e.inode.clone()).collect()
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// A table over a temporary directory of `files` files, with room for `budget` descriptors.
-    fn table_over(files: usize, budget: usize) -> (tempfile::TempDir, InodeTable) {
-        let dir = tempfile::tempdir().unwrap();
-        for i in 0..files {
-            std::fs::write(dir.path().join(format!("f{i}")), b"x").unwrap();
-        }
-        let root = lower::open_root(dir.path()).unwrap();
-        let st = lower::stat_fd(root.as_raw_fd()).unwrap();
-        (dir, InodeTable::new(root, st.st_dev, st.st_ino, budget))
-    }
-
-    /// Looks up `f{i}` as the kernel's LOOKUP does: an O_PATH descriptor for the table.
-    fn look_up(table: &InodeTable, i: usize) -> Arc<Inode> {
-        let root = table.node(ROOT).unwrap();
-        let name = OsString::from(format!("f{i}"));
-        let fd = lower::open_path(root.raw_fd(), &name).unwrap();
-        let st = lower::stat_fd(fd.as_raw_fd()).unwrap();
-        table.remember(ROOT, &name, fd, false, &st)
-    }
-
-    #[test]
-    fn cached_descriptors_stay_within_the_budget_however_many_files_are_looked_up() {
-        // 64 a quarter at a time: before the fix the threshold crept up by one per eviction,
-        // past 200 descriptors after these 4,000 lookups (a daemon with `ulimit -n 256` ran out).
-        let (_dir, table) = table_over(4000, 64);
-        let first = look_up(&table, 0);
-        for i in 1..4000 {
-            look_up(&table, i);
-            let (_, open) = table.census();
-            assert!(open <= 64, "after {} lookups the table keeps {open} descriptors, over its budget of 64", i + 1);
-        }
-        // The first file's descriptor went long ago; using it opens it again.
-        assert!(first.place.lock().fd.is_none());
-        let node = table.node(first.nodeid).unwrap();
-        assert_eq!(lower::stat_fd(node.raw_fd()).unwrap().st_ino, first.ino);
-    }
-
-    #[test]
-    fn open_files_over_the_budget_do_not_make_every_lookup_scan_and_the_budget_returns_when_they_close() {
-        let (_dir, table) = table_over(1000, 64);
-        // 100 files held open (their descriptors cannot be closed): more than the budget.
-        let held: Vec<Arc<Inode>> = (0..100)
-            .map(|i| {
-                let inode = look_up(&table, i);
-                inode.open.lock().handles = 1;
-                inode
-            })
-            .collect();
-        for i in 100..600 {
-            look_up(&table, i);
-            let (_, open) = table.census();
-            // Held, the root's, and a quarter of the budget between scans.
-            assert!(open <= 100 + 1 + 16, "{open} descriptors with 100 held open and a budget of 64");
-        }
-        assert!(table.evict_above.load(Ordering::Relaxed) > 100, "evicts again only past what is held open");
-        for inode in &held {
-            inode.open.lock().handles = 0;
-        }
-        for i in 600..1000 {
-            look_up(&table, i);
-        }
-        let (_, open) = table.census();
-        assert!(open <= 64, "{open} descriptors once the files closed");
-        assert_eq!(table.evict_above.load(Ordering::Relaxed), 64);
-    }
-
-    /// What the kernel would get for lower file `f{i}` if the lower had given it number `ino`
-    /// (a number freed by another file and reused).
-    fn look_up_as(table: &InodeTable, i: usize, ino: u64) -> Arc<Inode> {
-        let root = table.node(ROOT).unwrap();
-        let name = OsString::from(format!("f{i}"));
-        let fd = lower::open_path(root.raw_fd(), &name).unwrap();
-        let mut st = lower::stat_fd(fd.as_raw_fd()).unwrap();
-        st.st_ino = ino;
-        table.remember(ROOT, &name, fd, false, &st)
-    }
-
-    #[test]
-    fn a_reused_number_never_leads_to_the_node_the_kernel_holds_for_the_file_that_had_it() {
-        let (_dir, table) = table_over(4, 64);
-        // f0 replaced (recompress): its node is retired, the kernel has not forgotten it yet,
-        // and the lower gives its number to f1.
-        let old = look_up(&table, 0);
-        assert_eq!(old.nodeid, old.ino, "node ids are lower inode numbers where free");
-        table.retire(&old);
-        let new = look_up_as(&table, 1, old.ino);
-        assert_ne!(new.nodeid, old.nodeid, "the reused number got the retired node's id");
-        assert!(new.nodeid >= REMAPPED_BASE);
-        assert!(table.node(old.nodeid).is_err_and(|e| e.raw_os_error() == Some(libc::ESTALE)), "a retired node answers ESTALE");
-        assert_eq!(table.node(new.nodeid).unwrap().nodeid, new.nodeid);
-        assert_eq!(look_up_as(&table, 1, old.ino).nodeid, new.nodeid, "the new file keeps its id");
-        // Once the kernel forgets the old node, the new file still keeps its id for the mount.
-        table.forget(old.nodeid, 1);
-        assert_eq!(look_up_as(&table, 1, old.ino).nodeid, new.nodeid);
-
-        // f2's number reused behind densefs's back while its node held no descriptor (evicted):
-        // the lower's generation tells the files apart, where it has generations.
-        let gone = look_up(&table, 2);
-        let fd3 = lower::open_path(table.node(ROOT).unwrap().raw_fd(), OsStr::new("f3")).unwrap();
-        if gone.generation == 0 || lower::generation(fd3.as_raw_fd()) == gone.generation {
-            println!("SKIP: the temporary directory's file system reports no generations");
-            return;
-        }
-        let evicted = gone.place.lock().fd.take();
-        drop(evicted);
-        let other = look_up_as(&table, 3, gone.ino);
-        assert_ne!(other.nodeid, gone.nodeid, "another generation got the old node");
-        assert!(gone.is_retired());
-        assert!(table.node(gone.nodeid).is_err());
-    }
-
-    #[test]
-    fn an_inode_forgotten_while_busy_is_let_go_of_once_free() {
-        let (dir, table) = table_over(1, 64);
-        let inode = look_up(&table, 0);
-        let (inodes, fds) = table.census();
-        // The kernel forgets it while a request holds its lock (a RELEASE closing it, say): an
-        // unlinked file kept its blocks from the lower until some later FORGET, if any came.
-        let busy = inode.open.lock();
-        table.forget(inode.nodeid, 1);
-        assert_eq!(table.census(), (inodes, fds), "kept while busy");
-        table.retry_deferred_forgets();
-        assert_eq!(table.census(), (inodes, fds), "still busy: kept again");
-        drop(busy);
-        table.retry_deferred_forgets();
-        assert_eq!(table.census(), (inodes - 1, fds - 1), "let go of once free");
-        assert!(inode.place.lock().fd.is_none(), "its descriptor is closed");
-        assert!(table.node(inode.nodeid).is_err(), "gone from the table");
-        drop(dir);
     }
 }
