@@ -1,10 +1,12 @@
 //! NFS export: kernel file handles of densefs files stay valid after the kernel drops its
 //! caches and after the daemon restarts (what an NFS server such as nfs-ganesha relies on), and
-//! a real nfs-ganesha exporting a densefs mount serves files through those events.
+//! a real nfs-ganesha exporting a densefs mount serves files through those events and across
+//! `densefs recompress`.
 
 mod common;
 
 use common::{compressible, Dirs, Mount};
+use std::collections::BTreeSet;
 use std::ffi::CString;
 use std::fs::File;
 use std::io::{Read, Write};
@@ -249,6 +251,16 @@ fn which_file(files: &[(String, Vec<u8>)], data: &[u8]) -> String {
     files.iter().find(|(_, d)| d == data).map_or(format!("no file's ({} bytes)", data.len()), |(n, _)| format!("{n}'s"))
 }
 
+/// Whose bytes `data` are, or begin (for messages).
+fn whose_bytes(files: &[(String, Vec<u8>)], data: &[u8]) -> String {
+    let starts: Vec<&str> = files.iter().filter(|(_, d)| !data.is_empty() && d.starts_with(data)).map(|(n, _)| n.as_str()).collect();
+    match files.iter().find(|(_, d)| d == data) {
+        Some((n, _)) => format!("{n}'s bytes"),
+        None if !starts.is_empty() => format!("{} bytes, the start of {}", data.len(), starts.join(", ")),
+        None => format!("{} bytes, no file's", data.len()),
+    }
+}
+
 /// `densefs recompress -r -q -o SPEC PATH`, which must rewrite every file.
 fn recompress(path: &Path, spec: &str) {
     let out = Command::new(common::BIN).args(["recompress", "-r", "-q", "-o", spec]).arg(path).output().unwrap();
@@ -402,48 +414,51 @@ fn sha256(data: &[u8]) -> String {
 fn nfs(log: &Path, tool: &str, args: &[&str]) -> Vec<u8> {
     let out = Command::new("timeout").arg("30").arg(tool).args(args).stderr(Stdio::piped()).output().expect(tool);
     if !out.status.success() {
-        let text = std::fs::read_to_string(log).unwrap_or_default();
-        let tail: Vec<&str> = text.lines().filter(|l| !l.contains("DBUS") && !l.contains("TIRPC")).collect();
-        panic!(
-            "{tool} {args:?}: {}\n{}\nganesha log (end):\n{}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr),
-            tail[tail.len().saturating_sub(15)..].join("\n")
-        );
+        panic!("{tool} {args:?}: {}\n{}\nganesha log (end):\n{}", out.status, String::from_utf8_lossy(&out.stderr), log_tail(log));
     }
     out.stdout
 }
 
-/// nfs-ganesha (VFS FSAL) exports a densefs mount over NFSv3; libnfs's nfs-cp / nfs-cat write
-/// and read through it, across dropped kernel caches and a restart of the densefs daemon.
-#[test]
-fn nfs_ganesha_exports_a_densefs_mount() {
-    if !is_root() {
-        println!("SKIP: nfs-ganesha and file handles need root");
-        return;
-    }
-    if let Err(why) = nfs_tools() {
-        println!("SKIP: {why}");
-        return;
-    }
-    let start = Instant::now();
-    let d = Dirs::new();
-    let m = Mount::new(&d.lower, &d.mnt, "");
-    let work = d.root.path();
-    let mut servers = Servers(Vec::new());
-    // libnfs finds nothing without the portmapper, and ganesha will not serve NFSv3 without
-    // registering there (NFSv4 in libnfs 4.0 cannot write more than ~2 KB at a time).
-    if !rpcbind_running() {
-        servers.0.push(Command::new("rpcbind").args(["-f", "-w"]).stderr(Stdio::null()).spawn().expect("start rpcbind"));
-        assert!(wait_for_port(111, 10), "rpcbind did not start");
-    }
-    let (nfs_port, mnt_port) = (free_port(), free_port());
-    std::fs::create_dir(work.join("recovery")).unwrap();
-    let conf = work.join("ganesha.conf");
-    std::fs::write(
-        &conf,
-        format!(
-            r#"NFS_CORE_PARAM {{
+/// The last lines of ganesha's log `log`.
+fn log_tail(log: &Path) -> String {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    let tail: Vec<&str> = text.lines().filter(|l| !l.contains("DBUS") && !l.contains("TIRPC")).collect();
+    tail[tail.len().saturating_sub(15)..].join("\n")
+}
+
+/// An nfs-ganesha (VFS FSAL) set up to export `d.mnt` over NFSv3 on free ports, with rpcbind
+/// started if none runs (killed on drop); `start` runs the server. One at a time: the tests
+/// share rpcbind.
+struct NfsServer {
+    _rpcbind: Servers,
+    _one_at_a_time: std::sync::MutexGuard<'static, ()>,
+    work: std::path::PathBuf,
+    conf: std::path::PathBuf,
+    log: std::path::PathBuf,
+    mnt: std::path::PathBuf,
+    nfs_port: u16,
+    mnt_port: u16,
+}
+
+impl NfsServer {
+    fn new(d: &Dirs) -> NfsServer {
+        static ONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+        let one_at_a_time = ONE.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let work = d.root.path();
+        let mut rpcbind = Servers(Vec::new());
+        // libnfs finds nothing without the portmapper, and ganesha will not serve NFSv3 without
+        // registering there (NFSv4 in libnfs 4.0 cannot write more than ~2 KB at a time).
+        if !rpcbind_running() {
+            rpcbind.0.push(Command::new("rpcbind").args(["-f", "-w"]).stderr(Stdio::null()).spawn().expect("start rpcbind"));
+            assert!(wait_for_port(111, 10), "rpcbind did not start");
+        }
+        let (nfs_port, mnt_port) = (free_port(), free_port());
+        std::fs::create_dir(work.join("recovery")).unwrap();
+        let conf = work.join("ganesha.conf");
+        std::fs::write(
+            &conf,
+            format!(
+                r#"NFS_CORE_PARAM {{
     Protocols = 3;
     NFS_Port = {nfs_port};
     MNT_Port = {mnt_port};
@@ -469,31 +484,71 @@ EXPORT {{
 }}
 LOG {{ Default_Log_Level = EVENT; }}
 "#,
-            recovery = work.join("recovery").display(),
-            mnt = d.mnt.display()
-        ),
-    )
-    .unwrap();
-    let log = work.join("ganesha.log");
-    let start_ganesha = || {
+                recovery = work.join("recovery").display(),
+                mnt = d.mnt.display()
+            ),
+        )
+        .unwrap();
+        NfsServer {
+            _rpcbind: rpcbind,
+            _one_at_a_time: one_at_a_time,
+            work: work.to_path_buf(),
+            conf,
+            log: work.join("ganesha.log"),
+            mnt: d.mnt.clone(),
+            nfs_port,
+            mnt_port,
+        }
+    }
+
+    fn start(&self) -> std::process::Child {
         let child = Command::new("ganesha.nfsd")
             .arg("-F")
             .arg("-f")
-            .arg(&conf)
+            .arg(&self.conf)
             .arg("-L")
-            .arg(&log)
+            .arg(&self.log)
             .arg("-p")
-            .arg(work.join("ganesha.pid"))
+            .arg(self.work.join("ganesha.pid"))
             .args(["-N", "NIV_EVENT"])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
             .expect("start ganesha.nfsd");
-        assert!(wait_for_port(nfs_port, 30), "ganesha did not listen; log:\n{}", std::fs::read_to_string(&log).unwrap_or_default());
+        assert!(
+            wait_for_port(self.nfs_port, 30),
+            "ganesha did not listen; log:\n{}",
+            std::fs::read_to_string(&self.log).unwrap_or_default()
+        );
         child
-    };
+    }
+
+    fn url(&self, name: &str) -> String {
+        format!("nfs://127.0.0.1{}/{name}?version=3&nfsport={}&mountport={}", self.mnt.display(), self.nfs_port, self.mnt_port)
+    }
+}
+
+/// nfs-ganesha (VFS FSAL) exports a densefs mount over NFSv3; libnfs's nfs-cp / nfs-cat write
+/// and read through it, across dropped kernel caches and a restart of the densefs daemon.
+#[test]
+fn nfs_ganesha_exports_a_densefs_mount() {
+    if !is_root() {
+        println!("SKIP: nfs-ganesha and file handles need root");
+        return;
+    }
+    if let Err(why) = nfs_tools() {
+        println!("SKIP: {why}");
+        return;
+    }
+    let start = Instant::now();
+    let d = Dirs::new();
+    let m = Mount::new(&d.lower, &d.mnt, "");
+    let work = d.root.path();
+    let nfs_server = NfsServer::new(&d);
+    let log = nfs_server.log.clone();
+    let start_ganesha = || nfs_server.start();
     let ganesha = Servers(vec![start_ganesha()]);
-    let url = |name: &str| format!("nfs://127.0.0.1{}/{name}?version=3&nfsport={nfs_port}&mountport={mnt_port}", d.mnt.display());
+    let url = |name: &str| nfs_server.url(name);
 
     let one = compressible(6 << 20, 11);
     let two = common::random_bytes(1 << 20, 12);
@@ -546,9 +601,208 @@ LOG {{ Default_Log_Level = EVENT; }}
     assert_eq!(sha256(&nfs(&log, "nfs-cat", &[&url("one.fastq")])), sha256(&one), "read over NFS at the end");
 
     drop(ganesha); // lets go of the mount
-    drop(servers);
+    drop(nfs_server);
     m.unmount();
     println!("ganesha test took {:.1}s", start.elapsed().as_secs_f64());
+}
+
+/// `densefs stat`'s record size of `file` ("64K"), or "plain".
+fn record_size(file: &Path) -> String {
+    let out = Command::new(common::BIN).arg("stat").arg(file).output().unwrap();
+    assert!(out.status.success(), "densefs stat {}: {}", file.display(), String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    text.split(", record size ").nth(1).and_then(|r| r.split_whitespace().next()).unwrap_or("plain").to_string()
+}
+
+/// The names of the files in `dir` that process `pid` holds a descriptor of.
+fn held_open(pid: u32, dir: &Path) -> BTreeSet<String> {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .flatten()
+        .filter_map(|fd| std::fs::read_link(fd.path()).ok())
+        .filter(|target| target.parent() == Some(dir))
+        .map(|target| target.file_name().unwrap().to_string_lossy().trim_end_matches(" (deleted)").to_string())
+        .collect()
+}
+
+/// A loop-mounted ext4 image with few inodes: every freed inode number is handed out again at
+/// once (as in tests/identity.rs).
+struct SmallExt4 {
+    dir: std::path::PathBuf,
+}
+
+impl SmallExt4 {
+    fn new(image: &Path, dir: &Path, inodes: u32) -> Option<SmallExt4> {
+        std::fs::create_dir_all(dir).unwrap();
+        File::create(image).unwrap().set_len(64 << 20).unwrap();
+        let made = Command::new("mkfs.ext4").args(["-q", "-F", "-N", &inodes.to_string()]).arg(image).status().is_ok_and(|s| s.success());
+        if !made || !Command::new("mount").args(["-o", "loop"]).arg(image).arg(dir).status().is_ok_and(|s| s.success()) {
+            return None;
+        }
+        Some(SmallExt4 { dir: dir.to_path_buf() })
+    }
+}
+
+impl Drop for SmallExt4 {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.dir).status();
+    }
+}
+
+/// Files written through the mount, looked up by nfs-ganesha (its cache holds their handles and
+/// directory entries, but no descriptor of them), then moved by `densefs recompress -r` into new
+/// lower files, on a lower whose freed inode numbers are handed out again at once: read over
+/// NFS, each gives its own bytes, never another's, and a file created over NFS lands in its own
+/// file. ganesha asks densefs by the handle it cached; densefs answers ESTALE for a file it
+/// replaced, ganesha drops that entry and answers the read NFS3ERR_STALE, and the next try looks
+/// the name up again (ganesha does the same for files replaced behind its back on a plain ext4
+/// export: its cache is its own, and no invalidation densefs sends the kernel reaches it). A
+/// densefs whose old node ids named the file now at a freed number (before 0bb7f8a) serves
+/// another file's bytes here. Round 1 moves all twelve files to 64K records and reads the first
+/// six over NFS; round 2 moves the six ganesha never opened to 256K records, and is refused
+/// (open elsewhere) only for files ganesha holds open: those it read.
+#[test]
+fn nfs_ganesha_across_recompress() {
+    if !is_root() {
+        println!("SKIP: nfs-ganesha and file handles need root");
+        return;
+    }
+    if let Err(why) = nfs_tools() {
+        println!("SKIP: {why}");
+        return;
+    }
+    let start = Instant::now();
+    let d = Dirs::new();
+    let lower = d.root.path().join("small");
+    let Some(_disk) = SmallExt4::new(&d.root.path().join("small.ext4"), &lower, 64) else {
+        println!("SKIP: cannot make and loop-mount an ext4 image");
+        return;
+    };
+    let m = Mount::new(&lower, &d.mnt, "");
+    let _show = Show(m.log.clone());
+    let server = NfsServer::new(&d);
+    let ganesha = Servers(vec![server.start()]);
+    let pid = ganesha.0[0].id();
+    let mut files = distinct_files(12);
+    for (name, data) in &files {
+        std::fs::write(m.path(name), data).unwrap();
+    }
+    let all: Vec<usize> = (0..files.len()).collect();
+    let (first, second): (Vec<usize>, Vec<usize>) = all.iter().partition(|&&i| i < 6);
+    // nfs-cat, tried again after an error (at most twice): what it wrote last, whether that try
+    // succeeded, and the errors met. Its output is cut at 4 MB (no file here is half that long).
+    let cat = |name: &str| {
+        let mut errors = Vec::new();
+        loop {
+            let out = Command::new("bash")
+                .args(["-c", "set -o pipefail; timeout 10 nfs-cat \"$1\" | head -c 4000000", "-", &server.url(name)])
+                .stderr(Stdio::piped())
+                .output()
+                .unwrap();
+            if out.status.success() || errors.len() == 2 {
+                if !out.status.success() {
+                    errors.push(format!("{}: {}", out.status, String::from_utf8_lossy(&out.stderr).trim()));
+                    errors.push(format!("ganesha log (end):\n{}", log_tail(&server.log)));
+                }
+                return (out.stdout, out.status.success(), errors);
+            }
+            errors.push(format!("{}: {}", out.status, String::from_utf8_lossy(&out.stderr).trim()));
+        }
+    };
+    let lower_ino = |name: &str| std::fs::metadata(lower.join(name)).unwrap().ino();
+    for (round, size, moved) in [(1, "64K", &all), (2, "256K", &second)] {
+        // ganesha looks every file up (READDIRPLUS): its cache holds their handles.
+        let listing = String::from_utf8(nfs(&server.log, "nfs-ls", &[&server.url("")])).unwrap();
+        for (name, _) in &files {
+            assert!(listing.split_whitespace().any(|w| w == name), "round {round}: nfs-ls lacks {name}:\n{listing}");
+        }
+        let held = held_open(pid, &d.mnt);
+        for &i in moved {
+            assert!(!held.contains(&files[i].0), "round {round}: ganesha holds {} open", files[i].0);
+        }
+        let before: Vec<u64> = files.iter().map(|(name, _)| lower_ino(name)).collect();
+        let out =
+            Command::new(common::BIN).args(["recompress", "-r", "-q", "-o", &format!("recordsize={size}")]).arg(&d.mnt).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        let mut refused = BTreeSet::new();
+        for line in err.lines() {
+            match line.strip_suffix(": open elsewhere; close it and run again to change its record size or convert it") {
+                Some(path) => refused.insert(Path::new(path).file_name().unwrap().to_string_lossy().into_owned()),
+                None => {
+                    assert!(line.ends_with(" files were left as they were"), "round {round}: recompress: {line}");
+                    false
+                }
+            };
+        }
+        assert_eq!(out.status.success(), refused.is_empty(), "round {round}: recompress: {err}");
+        let mut reused = 0;
+        for (i, (name, _)) in files.iter().enumerate() {
+            let (ino, records) = (lower_ino(name), record_size(&m.path(name)));
+            if refused.contains(name) {
+                // Only a file ganesha holds open is refused, and it stays as it was.
+                assert!(held.contains(name), "round {round}: {name} refused, yet ganesha held no descriptor of it");
+                assert_eq!(ino, before[i], "round {round}: {name} refused, yet moved");
+            } else {
+                assert!(
+                    ino != before[i] && records == size,
+                    "round {round}: {name} not moved to {size} records: lower inode {} -> {ino}, records {records}",
+                    before[i]
+                );
+                reused += usize::from(before.contains(&ino));
+            }
+        }
+        for &i in moved {
+            assert!(!refused.contains(&files[i].0), "round {round}: {} refused", files[i].0);
+        }
+        // Without numbers moving from file to file, this test could not see a stale name.
+        assert!(reused > 0, "round {round}: no file moved into a number another file had");
+        println!(
+            "round {round}: {} files moved to {size} records ({reused} into a number another file had), {} refused as open in ganesha",
+            files.len() - refused.len(),
+            refused.len()
+        );
+        // Over NFS: the files moved this round, whose old handles ganesha holds (and in round 2
+        // also those it holds open).
+        let read: &Vec<usize> = if round == 1 { &first } else { &all };
+        let mut stale = 0;
+        for &i in read {
+            let (name, data) = &files[i];
+            let (got, ok, errors) = cat(name);
+            assert!(ok && &got == data, "round {round}: nfs-cat {name} gave {} (errors: {errors:?})", whose_bytes(&files, &got));
+            // Only a handle densefs replaced is refused: a file left as it was reads at once.
+            assert!(errors.is_empty() || !refused.contains(name), "round {round}: nfs-cat {name}, not moved: {errors:?}");
+            stale += errors.len();
+        }
+        println!("round {round}: nfs-cat of {} files: each its own bytes, {stale} tries answered with an error first", read.len());
+        // A file created over NFS (libnfs's nfs-cp creates GUARDED: it cannot write over an
+        // existing file) takes a number freed by this round's moves; it and every other file read
+        // their own bytes, through the mount and over NFS.
+        let name = format!("w{round}.dat");
+        let data = compressible(150_000 + round * 1000, 90 + round as u64);
+        let local = d.root.path().join(&name);
+        std::fs::write(&local, &data).unwrap();
+        nfs(&server.log, "nfs-cp", &[local.to_str().unwrap(), &server.url(&name)]);
+        files.push((name.clone(), data));
+        for (name, data) in &files {
+            let got = std::fs::read(m.path(name)).unwrap();
+            assert!(
+                &got == data,
+                "round {round}: after nfs-cp of {}: {name} reads through the mount as {} bytes",
+                files.last().unwrap().0,
+                which_file(&files, &got)
+            );
+        }
+        let (got, ok, errors) = cat(&name);
+        assert!(
+            ok && got == files.last().unwrap().1,
+            "round {round}: nfs-cat {name} gave {} (errors: {errors:?})",
+            whose_bytes(&files, &got)
+        );
+    }
+    drop(ganesha);
+    drop(server);
+    m.unmount();
+    println!("ganesha recompress test took {:.1}s", start.elapsed().as_secs_f64());
 }
 
 struct Show(std::path::PathBuf);
