@@ -13,10 +13,11 @@ fn c_path(p: &Path) -> std::io::Result<CString> {
     CString::new(p.as_os_str().as_bytes()).map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))
 }
 
-/// Whether a request failed because the mount's daemon is gone: ENOTCONN, or ECONNABORTED for
-/// a request that met the kernel tearing down the daemon's io_uring queues.
+/// Whether a request failed because the mount's daemon is gone: ENOTCONN, or ECONNABORTED or
+/// ECANCELED for a request that met the kernel tearing down the daemon's io_uring queues (a
+/// request sent just after the daemon died, before its /dev/fuse closed).
 pub fn daemon_gone(e: &std::io::Error) -> bool {
-    matches!(e.raw_os_error(), Some(libc::ENOTCONN) | Some(libc::ECONNABORTED))
+    matches!(e.raw_os_error(), Some(libc::ENOTCONN) | Some(libc::ECONNABORTED) | Some(libc::ECANCELED))
 }
 
 /// A failed request as the user should read it: no answer at all means no densefs there.
