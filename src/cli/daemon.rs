@@ -273,6 +273,7 @@ pub(super) fn serve(
             config.options.properties.compression,
             config.options.properties.layout.record_size() / 1024
         );
+        notify_ready();
         if let Some(mut pipe) = ready.take() {
             let _ = pipe.write_all(b"ok");
             drop(pipe);
@@ -291,6 +292,23 @@ pub(super) fn serve(
     }
     tracing::info!("unmounted {}", mountpoint.display());
     result.map_err(|e| e.to_string())
+}
+
+/// Tells whoever started the daemon with `NOTIFY_SOCKET` (systemd's `Type=notify`, the tests'
+/// `Mount`) that it serves, as sd_notify(3) does: "READY=1" in a datagram to that socket (a path,
+/// or an abstract name after '@'). Whatever the log level lets through.
+fn notify_ready() {
+    use std::os::linux::net::SocketAddrExt;
+    use std::os::unix::net::{SocketAddr, UnixDatagram};
+    let Some(target) = std::env::var_os("NOTIFY_SOCKET") else { return };
+    let bytes = target.as_encoded_bytes();
+    let addr = match bytes.strip_prefix(b"@") {
+        Some(name) => SocketAddr::from_abstract_name(name),
+        None => SocketAddr::from_pathname(&target),
+    };
+    if let Err(e) = addr.and_then(|addr| UnixDatagram::unbound()?.send_to_addr(b"READY=1\n", &addr)) {
+        tracing::warn!("cannot tell NOTIFY_SOCKET that the mount serves: {e}");
+    }
 }
 
 /// How long a detached mount may stay busy (files open) after a termination signal before the

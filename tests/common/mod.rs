@@ -29,12 +29,6 @@ fn is_mounted(mnt: &Path) -> bool {
     densefs::cli::mountinfo::mountinfo().iter().any(|m| m.point == mnt)
 }
 
-/// How many times a daemon logged that it serves (once every thread of it does, ring
-/// threads registered: `Session::run_then`) into `log`.
-fn mounted_lines(log: &Path) -> usize {
-    std::fs::read_to_string(log).unwrap_or_default().lines().filter(|l| l.contains("densefs::cli::daemon: mounted ")).count()
-}
-
 /// A densefs daemon running in the foreground as a child process; unmounted on drop.
 pub struct Mount {
     pub child: Option<Child>,
@@ -86,18 +80,31 @@ impl Mount {
             cmd.arg("-o").arg(options);
         }
         cmd.arg("--log").arg(&log).arg(lower).arg(mnt).stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::inherit());
-        // A test remounting the same point appends to the same log: wait for one more line.
-        let before = mounted_lines(&log);
+        // The mount shows before the daemon's threads run: wait for the daemon's own word, which
+        // it sends (sd_notify's READY=1) once every thread of it serves, ring entries
+        // registered, and "mounted" is in its log (`Session::run_then`).
+        let socket = mnt.with_extension(format!("notify.{}", std::process::id()));
+        let _ = std::fs::remove_file(&socket);
+        let notify = std::os::unix::net::UnixDatagram::bind(&socket).expect("bind the notify socket");
+        notify.set_read_timeout(Some(Duration::from_millis(10))).unwrap();
+        cmd.env("NOTIFY_SOCKET", &socket);
         let mut child = cmd.spawn().expect("spawn densefs");
         let deadline = Instant::now() + Duration::from_secs(20);
-        // The mount shows before the daemon's threads run: wait for the daemon's own word.
-        while !is_mounted(mnt) || mounted_lines(&log) == before {
+        let mut ready = false;
+        while !ready || !is_mounted(mnt) {
+            let mut buf = [0u8; 64];
+            ready |= notify.recv(&mut buf).is_ok_and(|n| buf[..n].starts_with(b"READY=1"));
             if let Ok(Some(status)) = child.try_wait() {
                 panic!("densefs exited before mounting: {status}; log: {}", std::fs::read_to_string(&log).unwrap_or_default());
             }
-            assert!(Instant::now() < deadline, "densefs did not mount {}", mnt.display());
-            std::thread::sleep(Duration::from_millis(10));
+            if Instant::now() >= deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                let _ = Command::new("fusermount3").args(["-u", "-z"]).arg(mnt).status();
+                panic!("densefs did not mount {}; log: {}", mnt.display(), std::fs::read_to_string(&log).unwrap_or_default());
+            }
         }
+        let _ = std::fs::remove_file(&socket);
         Mount { child: Some(child), mnt: mnt.to_path_buf(), lower: lower.to_path_buf(), log }
     }
 
