@@ -299,7 +299,11 @@ impl Filesystem for FuseAdapter {
 
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         self.tune_read_ahead();
-        let open_flags = self.file_open_flags(flags.0);
+        let mut open_flags = self.file_open_flags(flags.0);
+        // A read that may move the atime must reach the daemon, not the kernel's cached pages.
+        if flags.0 & libc::O_ACCMODE != libc::O_WRONLY && self.fs.read_may_move_atime(ino.0) {
+            open_flags.remove(FopenFlags::FOPEN_KEEP_CACHE);
+        }
         match self.fs.open(ino.0, flags.0, changer(req, None)) {
             Ok(fh) => reply.opened(FileHandle(fh), open_flags),
             Err(e) => reply.error(errno("open", e)),

@@ -230,8 +230,11 @@ fn mount_o_remount_changes_ro_rw_and_explains_what_cannot_change() {
         mount --bind "$T/varlog" /var/log || exit 9
         ln -s "$BIN" "$T/sbin/mount.densefs"; ln -s "$BIN" "$T/sbin/mount.fuse.densefs"
         mount -t overlay overlay -o "lowerdir=$T/sbin:/usr/sbin" /usr/sbin || exit 9
-        mount -t densefs -o compression=zstd-3 "$T/lower" "$T/mnt" 2>/dev/null || exit 10
+        mount -t densefs -o compression=zstd-3,strictatime,nodiratime "$T/lower" "$T/mnt" 2>/dev/null || exit 10
         echo "type $(findmnt -n -o FSTYPE "$T/mnt")"
+        findmnt -n -o OPTIONS "$T/mnt" | tr , '\n' | grep -x -e relatime -e noatime -e nodiratime | sed 's/^/atime /'
+        mount -o remount,relatime "$T/mnt" 2>"$T/err"; echo "remount-relatime $?"
+        echo "err $(cat "$T/err")"
         mount -o remount,ro "$T/mnt"; echo "remount-ro $?"
         echo x > "$T/mnt/a" 2>/dev/null; echo "write-ro $?"
         findmnt -n -o OPTIONS "$T/mnt" | cut -d, -f1 | sed 's/^/opts /'
@@ -251,6 +254,8 @@ fn mount_o_remount_changes_ro_rw_and_explains_what_cannot_change() {
     let shown = text(&out.stdout);
     let expect = [
         "type fuse.densefs",
+        "atime nodiratime",
+        "remount-relatime 1",
         "remount-ro 0",
         "write-ro 1",
         "opts ro",
@@ -268,6 +273,8 @@ fn mount_o_remount_changes_ro_rw_and_explains_what_cannot_change() {
         assert!(shown.lines().any(|l| l == line), "missing '{line}' in:\n{shown}\nstderr: {}", text(&out.stderr));
     }
     assert!(shown.contains("compression cannot change on a live mount (it is zstd-3)"), "{shown}");
+    assert!(!shown.contains("atime relatime") && !shown.contains("atime noatime"), "strictatime shows neither: {shown}");
+    assert!(shown.contains("access-time mode cannot change on a live mount (it is strictatime)"), "{shown}");
     assert!(shown.contains("densefs set compression=gzip-9"), "{shown}");
     assert!(shown.contains("read-only: files are open for writing"), "{shown}");
     assert_eq!(std::fs::read(d.lower.join("b")).map(|b| !b.is_empty()).ok(), Some(true));

@@ -5,6 +5,7 @@ use super::is_root;
 use super::mount::{cpath, detach};
 use super::mount_options::{IoUringMode, MountConfig};
 use super::owner::{Lease, HEARTBEAT};
+use crate::core::atime::Atime;
 use crate::core::{DenseFs, KernelCache};
 use crate::engine::{Engine, Offload};
 use crate::fuse::FuseAdapter;
@@ -401,6 +402,16 @@ fn kernel_mount(lower: &Path, mountpoint: &Path, config: &MountConfig) -> std::i
             MountOption::DirSync => flags |= libc::MS_DIRSYNC,
             _ => {}
         }
+    }
+    // The mount shows the access-time mode the daemon applies (core/atime.rs).
+    flags &= !(libc::MS_NOATIME | libc::MS_RELATIME | libc::MS_STRICTATIME);
+    flags |= match config.options.atime {
+        Atime::Never => libc::MS_NOATIME,
+        Atime::Relative => libc::MS_RELATIME,
+        Atime::Strict => libc::MS_STRICTATIME,
+    };
+    if config.nodiratime {
+        flags |= libc::MS_NODIRATIME;
     }
     let data = CString::new(data).expect("BUG: no NUL in mount data");
     // SAFETY: every pointer is to a NUL-terminated string that lives until the call returns.

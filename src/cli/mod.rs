@@ -58,7 +58,8 @@ enum Command {
     ///   multihost=auto|on|off  keep an owner record in the lower so that a second machine's
     ///                     densefs cannot mount it writable at the same time (default auto: on
     ///                     when the lower is on a network or FUSE file system)
-    ///   allow_other, ro, nosuid, nodev, noexec, noatime, ...  as for any mount
+    ///   relatime|strictatime|noatime  when users' reads move access times (default relatime)
+    ///   allow_other, ro, nosuid, nodev, noexec, nodiratime, ...  as for any mount
     /// These are the root directory's defaults; `densefs set` overrides them below a directory.
     /// Settings apply to files created from then on; existing files keep theirs.
     #[command(verbatim_doc_comment)]

@@ -267,6 +267,26 @@ pub fn remount(mountpoint: &Path, options: &str) -> Result<(), String> {
             }
         }
     }
+    // The daemon applies the access-time mode it was mounted with (core/atime.rs): the flags
+    // shown may not say another.
+    let mode = |flags: libc::c_ulong| match flags {
+        f if f & libc::MS_NOATIME != 0 => "noatime",
+        f if f & libc::MS_RELATIME != 0 => "relatime",
+        _ => "strictatime",
+    };
+    let mut shown: libc::c_ulong = 0;
+    for o in entry.mount_options.split(',') {
+        if let Some((bit, true)) = flag(o) {
+            shown |= bit;
+        }
+    }
+    if mode(flags) != mode(shown) {
+        return Err(format!(
+            "{}: the access-time mode cannot change on a live mount (it is {}); unmount and mount again",
+            mode(flags),
+            mode(shown)
+        ));
+    }
     if !fixed.is_empty() {
         eprintln!(
             "densefs: {}: cannot change on a live mount, left as they were (unmount and mount again to change them)",

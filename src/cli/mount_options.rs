@@ -1,6 +1,7 @@
 //! `densefs mount -o ...`: the mount options, parsed into what the daemon is asked for.
 
 use super::owner::Multihost;
+use crate::core::atime::Atime;
 use crate::core::Options;
 use crate::engine::EngineConfig;
 use fuser::MountOption;
@@ -18,6 +19,8 @@ pub struct MountConfig {
     pub multihost: Multihost,
     /// Whether requests come through io_uring's per-CPU queues instead of /dev/fuse.
     pub io_uring: IoUringMode,
+    /// `nodiratime`, shown as the mount's flag (listings never move a directory's atime).
+    pub nodiratime: bool,
 }
 
 /// `io_uring=auto|on|off`: FUSE over io_uring (Linux 6.14+) serves each request on the CPU its
@@ -55,6 +58,7 @@ pub fn parse_size(text: &str) -> Option<u64> {
 pub fn parse_mount_options(list: &str) -> Result<MountConfig, String> {
     let mut options = Options::default();
     let mut fuse_options = Vec::new();
+    let mut nodiratime = false;
     // SAFETY: geteuid has no preconditions and cannot fail.
     let mut allow_other = unsafe { libc::geteuid() } == 0;
     let mut threads = std::thread::available_parallelism().map_or(4, |n| n.get()).clamp(4, 16);
@@ -110,10 +114,7 @@ pub fn parse_mount_options(list: &str) -> Result<MountConfig, String> {
             }
             "allow_other" => allow_other = true,
             "allow_root" => allow_other = true,
-            "ro" => {
-                fuse_options.push(MountOption::RO);
-                options.noatime = true;
-            }
+            "ro" => fuse_options.push(MountOption::RO),
             "rw" => fuse_options.push(MountOption::RW),
             "suid" => fuse_options.push(MountOption::Suid),
             "nosuid" => fuse_options.push(MountOption::NoSuid),
@@ -121,11 +122,15 @@ pub fn parse_mount_options(list: &str) -> Result<MountConfig, String> {
             "nodev" => fuse_options.push(MountOption::NoDev),
             "exec" => fuse_options.push(MountOption::Exec),
             "noexec" => fuse_options.push(MountOption::NoExec),
-            "atime" => fuse_options.push(MountOption::Atime),
-            "noatime" => {
-                fuse_options.push(MountOption::NoAtime);
-                options.noatime = true;
-            }
+            // As mount(8): `atime` undoes `noatime` (relatime stays the default), `norelatime` is
+            // strictatime.
+            "atime" if options.atime == Atime::Never => options.atime = Atime::Relative,
+            "atime" => {}
+            "noatime" => options.atime = Atime::Never,
+            "relatime" => options.atime = Atime::Relative,
+            "strictatime" | "norelatime" => options.atime = Atime::Strict,
+            "nodiratime" => nodiratime = true,
+            "diratime" => nodiratime = false,
             "sync" => fuse_options.push(MountOption::Sync),
             "async" => fuse_options.push(MountOption::Async),
             "dirsync" => fuse_options.push(MountOption::DirSync),
@@ -137,13 +142,31 @@ pub fn parse_mount_options(list: &str) -> Result<MountConfig, String> {
     if engine.offload_window.0 > engine.offload_window.1 {
         return Err("offload_min is larger than offload_max".to_string());
     }
-    Ok(MountConfig { options, fuse_options, allow_other, threads, engine, multihost, io_uring })
+    let mut config = MountConfig { options, fuse_options, allow_other, threads, engine, multihost, io_uring, nodiratime };
+    if config.read_only() {
+        config.options.atime = Atime::Never;
+    }
+    Ok(config)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::{checksum::ChecksumKind, engine::MinSavings};
+
+    #[test]
+    fn access_time_options_as_mount_8() {
+        let atime = |list: &str| parse_mount_options(list).unwrap().options.atime;
+        assert_eq!(atime(""), Atime::Relative);
+        assert_eq!(atime("noatime"), Atime::Never);
+        assert_eq!(atime("noatime,atime"), Atime::Relative);
+        assert_eq!(atime("strictatime"), Atime::Strict);
+        assert_eq!(atime("strictatime,atime"), Atime::Strict);
+        assert_eq!(atime("norelatime"), Atime::Strict);
+        assert_eq!(atime("strictatime,relatime"), Atime::Relative);
+        assert_eq!(atime("strictatime,ro"), Atime::Never);
+        assert!(parse_mount_options("nodiratime").unwrap().nodiratime);
+    }
 
     #[test]
     fn io_uring_option() {

@@ -2,6 +2,7 @@
 //! SEEK_DATA/SEEK_HOLE, and attribute changes that touch contents (size, times).
 
 use super::admission::writable_bytes;
+use super::atime::Atime;
 use super::container::{Container, ReadBytes};
 use super::inodes::{Content, Inode, Node};
 use super::lower::{self, cstr};
@@ -144,12 +145,13 @@ impl DenseFs {
                 inode.file().clone()
             }
             (true, false) => {
-                // Opened for the daemon's header reads (O_NOATIME); a reader's reads are the user's.
-                lower::set_noatime(inode.file(), self.options.noatime)?;
+                // Opened for the daemon's header reads (O_NONBLOCK, which a reader's reads must
+                // not have); still O_NOATIME: a user's read moves the atime on its own (atime.rs).
+                lower::set_noatime(inode.file(), true)?;
                 inode.file().clone()
             }
             (false, true) => Arc::new(lower::reopen(inode.raw_fd(), libc::O_RDWR)?),
-            (false, false) => Arc::new(lower::reopen_read(inode.raw_fd(), self.options.noatime)?),
+            (false, false) => Arc::new(lower::reopen_read(inode.raw_fd(), true)?),
         };
         if !writable {
             // A reader reads the header, then the first records: one read of the lower file's
@@ -191,7 +193,20 @@ impl DenseFs {
         };
         self.inodes.share(inode, content.file());
         open.handles += 1;
-        Ok(self.new_handle(Handle { inode: inode.inode.clone(), content, writable }))
+        Ok(self.new_handle(Handle { inode: inode.inode.clone(), content, writable, atime_moved: Default::default() }))
+    }
+
+    /// Whether a read through an open of `nodeid` now may move its access time: the open then
+    /// drops the kernel's cached pages, so that the read reaches the daemon (atime.rs).
+    pub fn read_may_move_atime(&self, nodeid: u64) -> bool {
+        match self.atime.mode() {
+            Atime::Never => false,
+            Atime::Strict => true,
+            Atime::Relative => self.inode(nodeid).ok().and_then(|inode| lower::stat_fd(inode.raw_fd()).ok()).is_none_or(|st| {
+                let now = std::time::SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs() as i64);
+                self.atime.read_may_move(&st, now)
+            }),
+        }
     }
 
     /// `changer`: for an O_TRUNC open, as for `write`. The kernel has checked that the caller
@@ -273,7 +288,12 @@ impl DenseFs {
     }
 
     pub fn read(&self, fh: u64, offset: u64, size: u32) -> FsResult<ReadBytes> {
-        match self.file_content(fh)? {
+        let handle = self.handle(fh)?;
+        // strictatime: every read; relatime: the first of each open may (atime.rs).
+        if self.atime.mode() == Atime::Strict || !handle.atime_moved.swap(true, Ordering::Relaxed) {
+            self.atime.read(handle.content.file().as_raw_fd(), handle.inode.lower_id().0);
+        }
+        match handle.content.clone() {
             Content::Container(c) => c.read(offset, size as usize),
             Content::Plain(file) => {
                 let mut buf = vec![0u8; size as usize];
@@ -317,7 +337,7 @@ impl DenseFs {
             // Unlinked: nobody can open it again, so its data is not landed (the handles still
             // open read it from memory, and the last close lets it go).
             Handle { inode, content, .. } if content.nameless(inode) => Ok(()),
-            Handle { inode, content: Content::Container(c), writable: true } => {
+            Handle { inode, content: Content::Container(c), writable: true, .. } => {
                 c.flush()?;
                 // The only handle: its close leaves the file as it is now, so its size hint goes
                 // on while close(2) waits (the RELEASE after it is not waited for).

@@ -6,6 +6,7 @@
 //! (see [`container`]).
 
 mod admission;
+pub mod atime;
 pub mod buffers;
 mod changed;
 pub mod container;
@@ -46,13 +47,13 @@ pub struct Options {
     pub properties: PropertyValues,
     /// File data all open files may hold in memory (dirty, in flight, cached), in bytes.
     pub cache_size: usize,
-    /// Reads leave the lower files' access times alone (`ro` and `noatime` mounts).
-    pub noatime: bool,
+    /// When users' reads move access times (`noatime`, `relatime`, `strictatime`; `ro`: never).
+    pub atime: atime::Atime,
 }
 
 impl Default for Options {
     fn default() -> Options {
-        Options { properties: PropertyValues::default(), cache_size: 256 << 20, noatime: false }
+        Options { properties: PropertyValues::default(), cache_size: 256 << 20, atime: atime::Atime::Relative }
     }
 }
 
@@ -135,6 +136,8 @@ struct Handle {
     content: Content,
     /// Opened for writing; only those handles hear of write-back errors at close.
     writable: bool,
+    /// A read through it has moved the atime as `relatime` says (once per open is enough).
+    atime_moved: std::sync::atomic::AtomicBool,
 }
 
 /// A report kept between a size probe and the read that follows: (node, name, when, JSON).
@@ -147,6 +150,7 @@ pub struct DenseFs {
     engine: Arc<Engine>,
     memory: Arc<memory::Memory>,
     inodes: InodeTable,
+    atime: atime::AtimeKeeper,
     handles: Mutex<HashMap<u64, Arc<Handle>>>,
     next_handle: AtomicU64,
     /// The daemon's effective (uid, gid): what the lower gives the entries it creates.
@@ -223,6 +227,7 @@ impl DenseFs {
             lower_root: std::fs::canonicalize(lower_root).unwrap_or_else(|_| lower_root.to_path_buf()),
             engine,
             memory: Arc::new(memory::Memory::new(options.cache_size)),
+            atime: atime::AtimeKeeper::new(options.atime, std::os::fd::AsRawFd::as_raw_fd(&fd), st.st_dev),
             inodes: InodeTable::new(fd, st.st_dev, st.st_ino, fd_budget()),
             handles: Mutex::new(HashMap::new()),
             next_handle: AtomicU64::new(1),

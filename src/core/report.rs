@@ -183,7 +183,7 @@ impl DenseFs {
                         continue;
                     }
                 }
-                match std::fs::File::open(entry.path()).and_then(|f| inspect(&f, verify)) {
+                match open_noatime(&entry.path()).and_then(|f| inspect(&f, verify)) {
                     Ok(stats) => {
                         out.files += 1;
                         out.containers += stats.container as u64;
@@ -248,7 +248,7 @@ impl DenseFs {
                 (stats, props)
             }
             Kind::File => {
-                let file = super::lower::reopen(node.raw_fd(), libc::O_RDONLY)?;
+                let file = super::lower::reopen_read(node.raw_fd(), true)?;
                 let stats = inspect(&file, verify)?;
                 out.files = 1;
                 out.containers = stats.container as u64;
@@ -315,4 +315,14 @@ fn stats_json(s: &FileStats) -> Value {
         "records": s.records,
         "raw_low_savings": s.raw_low_savings,
     })
+}
+
+/// Opens a lower file for the daemon's own reading: its atime stays (O_NOATIME, which only the
+/// owner or a privileged daemon may ask; others open plainly).
+fn open_noatime(path: &std::path::Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    match std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NOATIME).open(path) {
+        Err(e) if e.raw_os_error() == Some(libc::EPERM) => std::fs::File::open(path),
+        other => other,
+    }
 }
