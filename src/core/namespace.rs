@@ -121,7 +121,7 @@ impl Cursors {
                 return Ok(listing);
             }
         }
-        let fd = lower::reopen(dir.raw_fd(), libc::O_RDONLY | libc::O_DIRECTORY)?;
+        let fd = lower::reopen_dir(dir.raw_fd())?;
         let mut stream = lower::DirStream::new(fd.into())?;
         if position != 0 {
             stream.seek(position);
@@ -501,7 +501,7 @@ impl DenseFs {
 
     pub fn fsyncdir(&self, nodeid: u64) -> FsResult<()> {
         let inode = self.inode(nodeid)?;
-        let dir = lower::reopen(inode.raw_fd(), libc::O_RDONLY | libc::O_DIRECTORY)?;
+        let dir = lower::reopen_dir(inode.raw_fd())?;
         lower::fsync(&dir)?;
         Ok(())
     }

@@ -158,6 +158,15 @@ pub fn reopen_read(path_fd: RawFd, noatime: bool) -> io::Result<File> {
     reopen(path_fd, libc::O_RDONLY)
 }
 
+/// Opens the directory behind an O_PATH fd for listing, without moving its access time where
+/// allowed (O_NOATIME): listings never move a directory's atime (core/atime.rs).
+pub fn reopen_dir(path_fd: RawFd) -> io::Result<File> {
+    match reopen(path_fd, libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOATIME) {
+        Err(e) if e.raw_os_error() == Some(libc::EPERM) => reopen(path_fd, libc::O_RDONLY | libc::O_DIRECTORY),
+        other => other,
+    }
+}
+
 /// Sets whether reads through `file` leave its access time alone (O_NOATIME, dropped where
 /// refused: on files the daemon does not own), and clears the O_NONBLOCK `open_readable` sets:
 /// what a descriptor first opened for the daemon's own header reads needs when it starts

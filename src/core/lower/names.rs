@@ -1,7 +1,7 @@
 //! Directory entries: make, link, rename and remove names in a directory held by descriptor,
 //! read a symlink, and read a directory's entries.
 
-use super::{check_len, reopen};
+use super::check_len;
 use crate::core::error::check;
 use std::ffi::{CStr, OsStr, OsString};
 use std::io;
@@ -129,7 +129,7 @@ impl Drop for DirStream {
 
 /// The name under which directory `dir` (an O_PATH fd) holds inode `ino` (ENOENT if none).
 pub fn name_of_ino(dir: RawFd, ino: u64) -> io::Result<OsString> {
-    let mut stream = DirStream::new(reopen(dir, libc::O_RDONLY | libc::O_DIRECTORY)?.into())?;
+    let mut stream = DirStream::new(super::reopen_dir(dir)?.into())?;
     while let Some(ent) = stream.next_entry() {
         if ent.ino == ino && ent.name != b"." && ent.name != b".." {
             return Ok(OsStr::from_bytes(ent.name).to_os_string());
