@@ -15,6 +15,7 @@ pub mod daemon;
 pub mod inspect;
 pub mod iostat;
 pub mod logging;
+pub mod man;
 pub mod mount;
 pub mod mount_options;
 pub mod mountinfo;
@@ -38,28 +39,9 @@ pub struct Cli {
 enum Command {
     /// Mount LOWER on MOUNTPOINT: files written through MOUNTPOINT are stored compressed in LOWER.
     ///
-    /// Options (-o, comma-separated, repeatable):
-    ///   compression=ALG   {codecs}
-    ///                     or auto (picked per record from the data and the load) (default {default:compression})
-    ///   recordsize=SIZE   power of two from 4K to 1M (default {default:recordsize})
-    ///   checksum=KIND     {checksums} (default {default:checksum})
-    ///   min_savings=PCT   keep a compressed record only if it saves this much (default {default:min_savings})
-    ///   offload=WHERE     {offload}: where records are compressed (default {default:offload}: an
-    ///                     accelerator when present and worth it, the CPU alongside)
-    ///   offload_min=SIZE, offload_max=SIZE   records outside go to the CPU (default 4K, 1M)
-    ///   precheck=on|off   skip slow codecs on data that looks incompressible (default on)
-    ///   verify=on|off     decode accelerator output on the CPU before storing it (default on)
-    ///   cache_size=SIZE   file data all open files may hold in memory: written and not yet
-    ///                     stored, being compressed, or cached decoded (default 256M)
-    ///   threads=N         FUSE request threads
-    ///   io_uring=auto|on|off  take requests through FUSE over io_uring (Linux 6.14+), served on
-    ///                     the CPU of the program that made them (default auto: where the kernel
-    ///                     offers it, once /sys/module/fuse/parameters/enable_uring is Y)
-    ///   multihost=auto|on|off  keep an owner record in the lower so that a second machine's
-    ///                     densefs cannot mount it writable at the same time (default auto: on
-    ///                     when the lower is on a network or FUSE file system)
-    ///   relatime|strictatime|noatime  when users' reads move access times (default relatime)
-    ///   allow_other, ro, nosuid, nodev, noexec, nodiratime, ...  as for any mount
+    /// Options (-o, comma-separated, repeatable; man densefs-properties has them all):
+    /// {mount_options}
+    ///
     /// These are the root directory's defaults; `densefs set` overrides them below a directory.
     /// Settings apply to files created from then on; existing files keep theirs.
     #[command(verbatim_doc_comment)]
@@ -73,7 +55,10 @@ enum Command {
         /// Write the daemon's log here instead of syslog.
         #[arg(long, value_name = "FILE")]
         log: Option<PathBuf>,
+        /// The directory that stores the files (compressed): any directory, empty or not; files
+        /// already in it are served as they are.
         lower: PathBuf,
+        /// The directory to mount on: programs read and write LOWER's files through it.
         mountpoint: PathBuf,
     },
     /// Unmount a densefs mount, waiting until everything is written back. Refused while files
@@ -98,14 +83,9 @@ enum Command {
     /// Show properties and what compression did, like `zfs get`.
     ///
     /// Properties: {properties} (with SOURCE local, default or
-    /// inherited from PATH), and read-only: compressratio (logicalused / used), used (bytes on
-    /// the lower file system), logicalused (data stored, holes excluded), written (sizes as
-    /// `ls -l` shows them), records_ALG (records by how they are stored; raw and hole too) and
-    /// records_raw_low_savings (kept raw because compressing saved less than min_savings).
-    /// For a directory, statistics cover everything below it. `all` also lists the mount's engine
-    /// counters: engine.BACKEND.compress|decompress.ALG.records|bytes_in|bytes_out,
-    /// engine.BACKEND.busy|errors|resets, engine.fallbacks.REASON, engine.precheck_skipped,
-    /// engine.auto.ALG.
+    /// inherited from PATH), and read-only: {read_only}.
+    /// For a directory, statistics cover everything below it. man densefs-properties says
+    /// what each one is.
     Get {
         /// Scripted: no header, tab-separated.
         #[arg(short = 'H')]
@@ -191,6 +171,12 @@ enum Command {
     },
     /// Print shell completions (bash, zsh, fish, elvish, powershell) to stdout.
     Completions { shell: clap_complete::Shell },
+    /// Write the manual pages (densefs.8, densefs-COMMAND.8, densefs-properties.7) into DIR.
+    #[command(hide = true)]
+    Man {
+        #[arg(long, value_name = "DIR")]
+        out: PathBuf,
+    },
 }
 
 #[derive(Subcommand)]
@@ -254,10 +240,16 @@ pub fn parse() -> Cli {
     Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit())
 }
 
-/// Replaces `{codecs}`, `{checksums}`, `{offload}`, `{properties}` and `{default:PROPERTY}`.
-fn fill_help(text: &str) -> String {
+/// Replaces `{codecs}`, `{checksums}`, `{offload}`, `{properties}`, `{read_only}`,
+/// `{mount_options}` (every property and mount option, one entry each) and
+/// `{default:PROPERTY}`.
+pub(crate) fn fill_help(text: &str) -> String {
     let defaults = crate::core::props::PropertyValues::default();
+    // Made only where asked for: it fills in each entry's own text with this function.
+    let options = if text.contains("{mount_options}") { mount_options_help() } else { String::new() };
     let mut text = text
+        .replace("{mount_options}", &options)
+        .replace("{read_only}", &props::READ_ONLY.iter().map(|(name, _)| *name).collect::<Vec<_>>().join(", "))
         .replace("{codecs}", &crate::codec::codec_names())
         .replace("{checksums}", &crate::checksum::ChecksumKind::names())
         .replace("{offload}", &crate::engine::offload_names())
@@ -266,6 +258,34 @@ fn fill_help(text: &str) -> String {
         text = text.replace(&format!("{{default:{}}}", p.name), &(p.show)(&defaults));
     }
     text
+}
+
+/// The options part of `densefs mount --help`, from the tables: each property (with its
+/// default) and each other mount option, a line with its names and value, then what it does.
+fn mount_options_help() -> String {
+    let defaults = crate::core::props::PropertyValues::default();
+    let mut entries: Vec<(String, String)> = crate::core::props::PROPERTIES
+        .iter()
+        .map(|p| (format!("{}={}", p.name, p.value), format!("{} (default {})", fill_help(p.about), (p.show)(&defaults))))
+        .collect();
+    for o in &mount_options::MOUNT_OPTIONS {
+        let value = if o.value.is_empty() { String::new() } else { format!("={}", o.value) };
+        entries.push((o.names.iter().map(|n| format!("{n}{value}")).collect::<Vec<_>>().join(", "), o.about.to_string()));
+    }
+    let mut out = Vec::new();
+    for (names, about) in entries {
+        out.push(format!("  {names}"));
+        let mut line = String::from("     ");
+        for word in about.split(' ') {
+            if line.len() + word.len() >= 80 && !line.trim().is_empty() {
+                out.push(std::mem::replace(&mut line, String::from("     ")));
+            }
+            line.push(' ');
+            line.push_str(word);
+        }
+        out.push(line);
+    }
+    out.join("\n")
 }
 
 /// Runs one parsed command line.
@@ -300,6 +320,7 @@ pub fn run(cli: Cli) -> ExitCode {
             clap_complete::generate(shell, &mut command(), "densefs", &mut std::io::stdout());
             Ok(())
         }
+        Command::Man { out } => man::write_pages(&out),
     };
     finish(result)
 }
@@ -330,6 +351,8 @@ mod tests {
         let mut cmd = command();
         let mount = cmd.find_subcommand_mut("mount").unwrap().render_long_help().to_string();
         assert!(!mount.contains('{'), "a placeholder is left: {mount}");
+        // Lists wrap over lines.
+        let mount = mount.split_whitespace().collect::<Vec<_>>().join(" ");
         assert!(mount.contains(&crate::codec::codec_names()), "{mount}");
         assert!(mount.contains("(default lz4)") && mount.contains("(default 128K)") && mount.contains("(default crc32c)"), "{mount}");
         assert!(mount.contains(&crate::engine::offload_names()), "{mount}");

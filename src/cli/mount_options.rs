@@ -41,6 +41,107 @@ impl MountConfig {
     }
 }
 
+/// One mount option besides the properties (each property is a mount option too: the root's
+/// default, `core::props::PROPERTIES`): its names, the shape of its value (empty: a flag), a
+/// value it accepts (for the tests) and what it does. `densefs mount --help` and
+/// densefs-properties(7) are made from this table, and the parser refuses what it does not name.
+pub struct MountOptionDoc {
+    pub names: &'static [&'static str],
+    pub value: &'static str,
+    pub example: &'static str,
+    pub about: &'static str,
+}
+
+/// The mount options that are not properties, in the order help shows them.
+pub const MOUNT_OPTIONS: [MountOptionDoc; 21] = [
+    MountOptionDoc { names: &["compress"], value: "ALG", example: "zstd-3", about: "The same as compression=." },
+    MountOptionDoc {
+        names: &["offload_min", "offload_max"],
+        value: "SIZE",
+        example: "64K",
+        about: "Records smaller than offload_min or larger than offload_max are compressed on the CPU (default 4K, 1M).",
+    },
+    MountOptionDoc {
+        names: &["precheck"],
+        value: "on|off",
+        example: "off",
+        about: "Skip slow codecs on data that looks incompressible (an entropy sample and an lz4 try; default on).",
+    },
+    MountOptionDoc {
+        names: &["verify"],
+        value: "on|off",
+        example: "off",
+        about: "Decode every accelerator output on the CPU before storing it (default on).",
+    },
+    MountOptionDoc {
+        names: &["cache_size"],
+        value: "SIZE",
+        example: "64M",
+        about: "File data all open files may hold in memory: written and not yet stored, being compressed, or cached decoded; writers wait for room (at least 8M; default 256M).",
+    },
+    MountOptionDoc {
+        names: &["threads"],
+        value: "N",
+        example: "4",
+        about: "FUSE request threads, 1 to 256 (default: the cores, 4 to 16; through io_uring threads / cores per CPU, at least 2).",
+    },
+    MountOptionDoc {
+        names: &["io_uring"],
+        value: "auto|on|off",
+        example: "off",
+        about: "Take requests through FUSE over io_uring (Linux 6.14+), each served on the CPU of the program that made it, instead of through /dev/fuse; on refuses to mount without it (default auto: where the kernel offers it, once /sys/module/fuse/parameters/enable_uring is Y).",
+    },
+    MountOptionDoc {
+        names: &["multihost"],
+        value: "auto|on|off",
+        example: "off",
+        about: "Keep an owner record (LOWER/.densefs.owner) with a heartbeat, so that densefs on another machine cannot mount the same lower writable at the same time (default auto: on when the lower is on a network or FUSE file system).",
+    },
+    MountOptionDoc {
+        names: &["relatime"],
+        value: "",
+        example: "",
+        about: "A user's read moves a file's access time when it is not newer than the mtime or ctime or is a day old (the default).",
+    },
+    MountOptionDoc {
+        names: &["strictatime", "norelatime"],
+        value: "",
+        example: "",
+        about: "Every read moves the access time.",
+    },
+    MountOptionDoc { names: &["noatime"], value: "", example: "", about: "Reads never move access times (ro implies it)." },
+    MountOptionDoc { names: &["atime"], value: "", example: "", about: "Undoes noatime (relatime again), as mount(8) does." },
+    MountOptionDoc {
+        names: &["nodiratime", "diratime"],
+        value: "",
+        example: "",
+        about: "Shown as the mount's flag (listings never move a directory's access time).",
+    },
+    MountOptionDoc {
+        names: &["allow_other", "allow_root"],
+        value: "",
+        example: "",
+        about: "Let other users than the one who mounted it use the mount (default when root; others need user_allow_other in /etc/fuse.conf).",
+    },
+    MountOptionDoc { names: &["ro", "rw"], value: "", example: "", about: "Mount read-only or read-write (the last one given counts)." },
+    MountOptionDoc { names: &["nosuid", "suid"], value: "", example: "", about: "As for any mount (mount(8))." },
+    MountOptionDoc { names: &["nodev", "dev"], value: "", example: "", about: "As for any mount (mount(8))." },
+    MountOptionDoc { names: &["noexec", "exec"], value: "", example: "", about: "As for any mount (mount(8))." },
+    MountOptionDoc { names: &["sync", "async"], value: "", example: "", about: "As for any mount (mount(8))." },
+    MountOptionDoc { names: &["dirsync"], value: "", example: "", about: "As for any mount (mount(8))." },
+    MountOptionDoc {
+        names: &["defaults", "auto", "noauto", "nofail", "_netdev", "user", "users", "default_permissions"],
+        value: "",
+        example: "",
+        about: "Accepted for fstab lines (mount(8) reads them); they change nothing in the mount.",
+    },
+];
+
+/// The row of a mount option that is not a property.
+pub fn mount_option(key: &str) -> Option<&'static MountOptionDoc> {
+    MOUNT_OPTIONS.iter().find(|o| o.names.contains(&key))
+}
+
 fn on_off(key: &str, value: Option<&str>) -> Result<bool, String> {
     match value {
         None | Some("on") => Ok(true),
@@ -77,6 +178,9 @@ pub fn parse_mount_options(list: &str) -> Result<MountConfig, String> {
         if let Ok(property) = crate::core::props::property(if key == "compress" { "compression" } else { key }) {
             property.parse_into(&need(value)?, &mut options.properties)?;
             continue;
+        }
+        if mount_option(key).is_none() {
+            return Err(format!("unknown mount option '{item}' (see densefs mount --help or man densefs-properties)"));
         }
         match key {
             "offload_min" | "offload_max" => {
@@ -136,7 +240,7 @@ pub fn parse_mount_options(list: &str) -> Result<MountConfig, String> {
             "dirsync" => fuse_options.push(MountOption::DirSync),
             // Accepted for fstab lines; they mean nothing to a FUSE mount.
             "defaults" | "auto" | "noauto" | "nofail" | "_netdev" | "user" | "users" | "default_permissions" => {}
-            _ => return Err(format!("unknown mount option '{item}' (see densefs mount --help)")),
+            _ => unreachable!("BUG: mount option '{key}' is in MOUNT_OPTIONS but not parsed"),
         }
     }
     if engine.offload_window.0 > engine.offload_window.1 {
@@ -166,6 +270,22 @@ mod tests {
         assert_eq!(atime("strictatime,relatime"), Atime::Relative);
         assert_eq!(atime("strictatime,ro"), Atime::Never);
         assert!(parse_mount_options("nodiratime").unwrap().nodiratime);
+    }
+
+    #[test]
+    fn every_option_in_the_table_is_parsed_and_no_other() {
+        for row in &MOUNT_OPTIONS {
+            for name in row.names {
+                let item = if row.value.is_empty() { name.to_string() } else { format!("{name}={}", row.example) };
+                parse_mount_options(&item).unwrap_or_else(|e| panic!("{item}: {e}"));
+            }
+        }
+        for p in &crate::core::props::PROPERTIES {
+            assert!(mount_option(p.name).is_none(), "{} is a property and a mount option row", p.name);
+        }
+        for bogus in ["bogus", "relatimes", "cache", "fsname=x"] {
+            assert!(parse_mount_options(bogus).unwrap_err().contains("unknown mount option"), "{bogus}");
+        }
     }
 
     #[test]

@@ -9,6 +9,30 @@ use crate::core::props::{LocalProps, SETTABLE};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 
+/// The read-only properties `densefs get` shows besides the settable ones (`SETTABLE`), with
+/// what each is: `densefs get --help` and densefs-properties(7) list them from here, and `set`
+/// and `inherit` name them as read-only.
+pub const READ_ONLY: [(&str, &str); 7] = [
+    ("compressratio", "logicalused / used: how many times smaller than its data a file or tree is stored (1.00x when nothing is stored)."),
+    ("used", "Bytes the files occupy on the lower file system (their allocated blocks, as du counts them)."),
+    ("logicalused", "Bytes of data stored, before compression, holes excluded (ZFS's logicalused)."),
+    ("written", "The files' sizes as ls -l shows them, holes included."),
+    ("records_ALG", "Records by how they are stored: one property per setting in use (records_lz4, records_gzip-6, ...), and records_raw and records_hole."),
+    ("records_raw_low_savings", "Records kept raw because compressing them saved less than min_savings."),
+    (
+        "engine.*",
+        "With all: the mount's engine counters (the whole mount, whichever path is asked about): engine.BACKEND.OP.ALG.records, .bytes_in and .bytes_out (OP: compress or decompress), engine.BACKEND.busy, .errors and .resets, engine.fallbacks.REASON, engine.precheck_skipped, engine.auto.ALG.",
+    ),
+];
+
+/// Whether `name` is one of the read-only properties (`records_gzip-6` and `engine.cpu.busy` too).
+pub fn is_read_only(name: &str) -> bool {
+    READ_ONLY.iter().any(|(p, _)| match p.strip_suffix('*').or_else(|| p.strip_suffix("ALG")) {
+        Some(prefix) => name.starts_with(prefix),
+        None => name == *p,
+    })
+}
+
 /// `densefs set PROP=VALUE... DIR`
 pub fn set(assignments: &[String], dir: &Path) -> Result<(), String> {
     require_densefs(dir)?;

@@ -67,6 +67,11 @@ impl PropertyValues {
 /// between them typed, never through their text.
 pub struct Property {
     pub name: &'static str,
+    /// What its value looks like, for help and manual pages (`ALG`, `SIZE`).
+    pub value: &'static str,
+    /// What it does, for `densefs mount --help` and densefs-properties(7): may name the tables'
+    /// lists as `{codecs}`, `{checksums}` and `{offload}` (`cli::fill_help` fills them in).
+    pub about: &'static str,
     /// Parses a value into a directory's local properties.
     pub parse: fn(&str, &mut LocalProps) -> Result<(), String>,
     /// Removes the directory's own value (it inherits again).
@@ -89,12 +94,15 @@ impl Property {
     }
 }
 
-/// A row of [`PROPERTIES`]: the property's name, its field in [`LocalProps`] and in
+/// A row of [`PROPERTIES`]: the property's name, its value's shape and what it does (help and
+/// manual pages), its field in [`LocalProps`] and in
 /// [`PropertyValues`], the parser and the printer of its values.
 macro_rules! property {
-    ($name:literal, $local:ident, $option:ident, $parse:expr, $show:expr) => {
+    ($name:literal, $value:literal, $about:literal, $local:ident, $option:ident, $parse:expr, $show:expr) => {
         Property {
             name: $name,
+            value: $value,
+            about: $about,
             parse: |text, local| {
                 local.$local = Some($parse(text)?);
                 Ok(())
@@ -120,11 +128,51 @@ macro_rules! property {
 /// it. The CLI and its help, the xattrs, storage, mount options, inheritance and recompress need
 /// no change.
 pub const PROPERTIES: [Property; 5] = [
-    property!("compression", compression, compression, Setting::parse, |c: &Setting| c.to_string()),
-    property!("recordsize", recordsize, layout, parse_recordsize, |l: &Layout| format_recordsize(*l)),
-    property!("min_savings", min_savings, min_savings, MinSavings::parse, |m: &MinSavings| m.to_string()),
-    property!("checksum", checksum, checksum, ChecksumKind::parse, |c: &ChecksumKind| c.name().to_string()),
-    property!("offload", offload, offload, Offload::parse, |o: &Offload| o.to_string()),
+    property!(
+        "compression",
+        "ALG",
+        "How new records are compressed: {codecs}, or auto (picked per record from the data and the load).",
+        compression,
+        compression,
+        Setting::parse,
+        |c: &Setting| c.to_string()
+    ),
+    property!(
+        "recordsize",
+        "SIZE",
+        "The size of the records a new file is cut into, each compressed and checksummed on its own: a power of two from 4K to 1M.",
+        recordsize,
+        layout,
+        parse_recordsize,
+        |l: &Layout| format_recordsize(*l)
+    ),
+    property!(
+        "min_savings",
+        "PCT",
+        "Keep a compressed record only if it saves this much (e.g. 12.5%, ZFS's rule); otherwise it is stored raw.",
+        min_savings,
+        min_savings,
+        MinSavings::parse,
+        |m: &MinSavings| m.to_string()
+    ),
+    property!(
+        "checksum",
+        "KIND",
+        "The checksum of each stored record: {checksums}.",
+        checksum,
+        checksum,
+        ChecksumKind::parse,
+        |c: &ChecksumKind| c.name().to_string()
+    ),
+    property!(
+        "offload",
+        "WHERE",
+        "Where records are compressed: {offload}. auto sends them to an accelerator when one is present and worth it, the CPU alongside; a device name sends every record it can take there, and is refused where this machine has no such device.",
+        offload,
+        offload,
+        Offload::parse,
+        |o: &Offload| o.to_string()
+    ),
 ];
 
 /// The names of [`PROPERTIES`], in order.
