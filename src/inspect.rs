@@ -21,6 +21,9 @@ pub struct FileStats {
     pub logical_data: u64,
     /// Bytes the lower file occupies (its allocated blocks).
     pub physical: u64,
+    /// The stored data's bytes after compression: the records' stored lengths (a plain file's
+    /// length), without the container's header and tables or the lower's allocation unit.
+    pub stored_data: u64,
     pub record_size: Option<u64>,
     /// The container's format version (docs/FORMAT.md): 5, or an earlier one it keeps.
     pub format_version: Option<u16>,
@@ -47,6 +50,7 @@ impl FileStats {
         self.logical_size += other.logical_size;
         self.logical_data += other.logical_data;
         self.physical += other.physical;
+        self.stored_data += other.stored_data;
         self.lower_length += other.lower_length;
         for (k, v) in &other.records {
             *self.records.entry(k.clone()).or_default() += v;
@@ -67,6 +71,7 @@ pub fn inspect(file: &File, verify: bool) -> io::Result<FileStats> {
         Ok(None) => {
             stats.logical_size = meta.len();
             stats.logical_data = meta.len();
+            stats.stored_data = meta.len();
             return Ok(stats);
         }
         Err(e) => {
@@ -131,6 +136,7 @@ pub fn inspect(file: &File, verify: bool) -> io::Result<FileStats> {
         };
         if !d.is_hole() {
             stats.logical_data += d.logical_len as u64;
+            stats.stored_data += d.stored_len as u64;
         }
         *stats.records.entry(key).or_default() += 1;
         if verify && !d.is_hole() {

@@ -360,3 +360,123 @@ fn a_lower_on_a_read_only_file_system_mounts_read_only() {
     assert!(shown.contains("Read-only file system"), "{shown}");
     assert!(!d.lower.join("new").exists());
 }
+
+// Issue 47, item 5: what a new user hit.
+
+#[test]
+fn offload_to_a_missing_device_is_refused_by_set_as_by_mount() {
+    let d = Dirs::new();
+    let mounted = densefs(&["mount", "-o", "offload=gpu", d.lower.to_str().unwrap(), d.mnt.to_str().unwrap()]);
+    if mounted.status.success() {
+        // A machine with a GPU: both take it.
+        assert!(densefs(&["umount", d.mnt.to_str().unwrap()]).status.success());
+        let m = Mount::new(&d.lower, &d.mnt, "");
+        let out = densefs(&["set", "offload=gpu", m.mnt.to_str().unwrap()]);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        return;
+    }
+    let refused = text(&mounted.stderr);
+    assert!(refused.contains("offload=gpu: no gpu backend available"), "{refused}");
+    let m = Mount::new(&d.lower, &d.mnt, "");
+    std::fs::create_dir(m.path("dir")).unwrap();
+    let out = densefs(&["set", "offload=gpu", m.path("dir").to_str().unwrap()]);
+    assert!(!out.status.success(), "set offload=gpu was accepted without a GPU");
+    assert!(text(&out.stderr).contains("offload=gpu: no gpu backend available"), "{}", text(&out.stderr));
+    // Nothing was stored: the directory still inherits.
+    let get = densefs(&["get", "-H", "-o", "value,source", "offload", m.path("dir").to_str().unwrap()]);
+    assert!(text(&get.stdout).starts_with("auto\t"), "{}", text(&get.stdout));
+    assert!(densefs(&["set", "offload=cpu", m.path("dir").to_str().unwrap()]).status.success());
+}
+
+#[test]
+fn read_only_properties_are_named_read_only() {
+    let d = Dirs::new();
+    let m = Mount::new(&d.lower, &d.mnt, "");
+    for args in [vec!["set", "compressratio=2"], vec!["set", "records_gzip-6=1"], vec!["inherit", "used"]] {
+        let out = Command::new(BIN).args(&args).arg(&m.mnt).output().unwrap();
+        assert!(!out.status.success());
+        let err = text(&out.stderr);
+        assert!(err.contains("is a read-only property") && !err.contains("unknown"), "{args:?}: {err}");
+    }
+    let out = Command::new(BIN).args(["set", "bogus=1"]).arg(&m.mnt).output().unwrap();
+    assert!(text(&out.stderr).contains("unknown property 'bogus'"), "{}", text(&out.stderr));
+}
+
+#[test]
+fn stat_of_a_small_or_plain_file_shows_ratio_one() {
+    let d = Dirs::new();
+    std::fs::create_dir_all(&d.lower).unwrap();
+    std::fs::write(d.lower.join("plain.txt"), b"hello, plain world!!\n").unwrap();
+    let m = Mount::new(&d.lower, &d.mnt, "");
+    std::fs::write(m.path("small.txt"), b"hello, densefs world\n").unwrap();
+    std::fs::write(m.path("big.txt"), common::compressible(1 << 20, 1)).unwrap();
+    Command::new("sync").status().unwrap();
+    let ratio = |name: &str| -> f64 {
+        let out = densefs(&["stat", m.path(name).to_str().unwrap()]);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        let s = text(&out.stdout);
+        let r = s.split("ratio ").nth(1).and_then(|r| r.split('x').next()).unwrap_or_else(|| panic!("{s}"));
+        r.parse().unwrap()
+    };
+    assert_eq!(ratio("plain.txt"), 1.0);
+    assert_eq!(ratio("small.txt"), 1.0);
+    assert!(ratio("big.txt") > 2.0);
+}
+
+#[test]
+fn list_names_datasets_below_the_path_as_given() {
+    let d = Dirs::new();
+    let m = Mount::new(&d.lower, &d.mnt, "");
+    std::fs::create_dir_all(m.path("a/b")).unwrap();
+    for dir in ["a", "a/b"] {
+        assert!(densefs(&["set", "compression=gzip-1", m.path(dir).to_str().unwrap()]).status.success());
+    }
+    let names = |cwd: &Path, arg: &Path| -> Vec<String> {
+        let out = Command::new(BIN).args(["list", "-r", "-H"]).arg(arg).current_dir(cwd).output().unwrap();
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        text(&out.stdout).lines().map(|l| l.split('\t').next().unwrap().to_string()).collect()
+    };
+    let parent = d.mnt.parent().unwrap();
+    let rel = Path::new(d.mnt.file_name().unwrap());
+    let r = rel.to_str().unwrap();
+    assert_eq!(names(parent, rel), [r.to_string(), format!("{r}/a"), format!("{r}/a/b")]);
+    let abs = d.mnt.to_str().unwrap();
+    assert_eq!(names(parent, &d.mnt), [abs.to_string(), format!("{abs}/a"), format!("{abs}/a/b")]);
+    // Below a dataset: named from the path given too.
+    assert_eq!(names(&d.mnt, Path::new("a")), ["a".to_string(), "a/b".to_string()]);
+}
+
+#[test]
+fn scrub_counts_in_the_singular_for_one() {
+    let d = Dirs::new();
+    let m = Mount::new(&d.lower, &d.mnt, "");
+    std::fs::create_dir(m.path("one")).unwrap();
+    std::fs::write(m.path("one/f"), common::compressible(10_000, 2)).unwrap();
+    let out = densefs(&["scrub", m.path("one").to_str().unwrap()]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let s = text(&out.stdout);
+    assert!(s.contains("scrubbed 1 file (1 compressed) in 1 directory: no problems"), "{s}");
+}
+
+#[test]
+fn a_busy_unmount_names_the_processes_that_hold_it() {
+    let d = Dirs::new();
+    let m = Mount::new(&d.lower, &d.mnt, "");
+    std::fs::write(m.path("f"), b"data").unwrap();
+    let mut in_dir = Command::new("sleep").arg("60").current_dir(&m.mnt).spawn().unwrap();
+    // A process elsewhere (its cwd outside the mount) is not named.
+    let mut reader = Command::new("sleep").arg("60").current_dir(d.root.path()).spawn().unwrap();
+    let mut holder = Command::new("sh").arg("-c").arg(format!("exec 3<{}; exec sleep 60", m.path("f").display())).spawn().unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let out = densefs(&["umount", m.mnt.to_str().unwrap()]);
+    for c in [&mut in_dir, &mut reader, &mut holder] {
+        c.kill().unwrap();
+        c.wait().unwrap();
+    }
+    assert!(!out.status.success(), "a busy mount was unmounted");
+    let err = text(&out.stderr);
+    assert!(err.contains(&format!("pid {} (sleep: cwd)", in_dir.id())), "{err}");
+    assert!(err.contains(&format!("pid {} (sleep: 1 open file)", holder.id())), "{err}");
+    assert!(!err.contains(&format!("pid {} ", reader.id())), "{err}");
+    m.unmount();
+}

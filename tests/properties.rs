@@ -167,7 +167,7 @@ fn scrub_finds_a_record_corrupted_behind_the_mounts_back() {
     assert!(!out.status.success());
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("dir/victim: record 5: slot 0: checksum mismatch"), "{text}");
-    assert!(text.contains("1 problems"), "{text}");
+    assert!(text.contains(": 1 problem\n"), "{text}");
     assert!(!text.contains("good"), "{text}");
     let json: serde_json::Value = serde_json::from_str(&String::from_utf8_lossy(&densefs(&["scrub", "--json"], &[&d.mnt]).stdout)).unwrap();
     assert_eq!(json["problem_count"], 1);

@@ -44,7 +44,7 @@ fn build_engine(config: &MountConfig) -> Result<Engine, String> {
     let (devices, notes) = crate::engine::detect_devices(&mut engine_config)?;
     if let Offload::Only(name) = config.options.properties.offload {
         if !devices.iter().any(|d| d.name() == name) {
-            return Err(format!("offload={name}: no {name} backend available ({})", notes.join("; ")));
+            return Err(crate::engine::no_device(name, &notes.join("; ")));
         }
     }
     for d in &devices {

@@ -2,7 +2,7 @@
 
 use super::client::report;
 use super::mountinfo::mountpoint_of;
-use super::output::{full_path, ratio};
+use super::output::full_path;
 use crate::control::Control;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -22,7 +22,17 @@ pub fn stat(json: bool, files: &[PathBuf]) -> Result<(), String> {
         let stats = &report["stats"];
         let n = |k: &str| stats[k].as_u64().unwrap_or(0);
         println!("  File: {}", file.display());
-        println!("  Size: {} logical ({} stored data), {} on disk, ratio {:.2}x", n("written"), n("logicalused"), n("used"), ratio(stats));
+        // The ratio as ZFS's compressratio of a file: its data over the bytes that data became,
+        // without the lower's allocation unit or the container's header and tables (those are
+        // in "on disk"): 1.00x for a plain file or one stored raw, however small.
+        let ratio = if n("stored") == 0 { 1.0 } else { n("logicalused") as f64 / n("stored") as f64 };
+        println!(
+            "  Size: {} logical ({} stored data, compressed to {}), {} on disk, ratio {ratio:.2}x",
+            n("written"),
+            n("logicalused"),
+            n("stored"),
+            n("used")
+        );
         match report["properties"]["compression"]["value"].as_str() {
             Some(c) => println!(
                 "  Stored as: container (format {}, lower file {} bytes long), compression {c}, record size {}",
@@ -44,6 +54,11 @@ pub fn stat(json: bool, files: &[PathBuf]) -> Result<(), String> {
         println!("{}", serde_json::to_string_pretty(&all).expect("BUG: JSON"));
     }
     Ok(())
+}
+
+/// "1 file", "2 files".
+pub fn counted(n: u64, one: &str, many: &str) -> String {
+    format!("{n} {}", if n == 1 { one } else { many })
 }
 
 /// `densefs scrub [--json] PATH`: exits 1 if anything is damaged.
@@ -70,12 +85,13 @@ pub fn scrub(json: bool, path: &Path) -> ExitCode {
         if count > listed {
             println!("... and {} more", count - listed);
         }
+        let n = |k: &str| report[k].as_u64().unwrap_or(0);
         println!(
-            "scrubbed {} files ({} compressed) in {} directories: {}",
-            report["files"],
-            report["containers"],
-            report["directories"],
-            if count == 0 { "no problems".to_string() } else { format!("{count} problems") }
+            "scrubbed {} ({} compressed) in {}: {}",
+            counted(n("files"), "file", "files"),
+            n("containers"),
+            counted(n("directories"), "directory", "directories"),
+            if count == 0 { "no problems".to_string() } else { counted(count, "problem", "problems") }
         );
     }
     if count == 0 {

@@ -317,6 +317,46 @@ pub fn remount(mountpoint: &Path, options: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// The processes using files below `mountpoint`, as fuser -m and lsof name them: "pid 123
+/// (bash: cwd)", from each process's cwd, root, executable, open descriptors and mapped files.
+pub fn holders(mountpoint: &Path) -> Vec<String> {
+    let below = |p: &Path| p.starts_with(mountpoint);
+    let mut out = Vec::new();
+    let me = std::process::id().to_string();
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let pid = entry.file_name().to_string_lossy().into_owned();
+        if !pid.bytes().all(|b| b.is_ascii_digit()) || pid == me {
+            continue;
+        }
+        let proc = entry.path();
+        let mut uses = Vec::new();
+        for link in ["cwd", "root", "exe"] {
+            if std::fs::read_link(proc.join(link)).is_ok_and(|t| below(&t)) {
+                uses.push(link.to_string());
+            }
+        }
+        let open = std::fs::read_dir(proc.join("fd"))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|fd| std::fs::read_link(fd.path()).ok())
+            .filter(|t| below(t))
+            .count();
+        if open > 0 {
+            uses.push(format!("{open} open file{}", if open == 1 { "" } else { "s" }));
+        }
+        let maps = std::fs::read_to_string(proc.join("maps")).unwrap_or_default();
+        if maps.lines().filter_map(|l| l.split_whitespace().nth(5)).any(|f| below(Path::new(f))) {
+            uses.push("mapped file".to_string());
+        }
+        if !uses.is_empty() {
+            let comm = std::fs::read_to_string(proc.join("comm")).unwrap_or_default();
+            out.push(format!("pid {pid} ({}: {})", comm.trim(), uses.join(", ")));
+        }
+    }
+    out
+}
+
 /// Unmounts, then waits for the daemon to finish writing back and makes the lower durable.
 pub fn umount(mountpoint: &Path, force: bool) -> Result<(), String> {
     let mountpoint = std::fs::canonicalize(mountpoint).unwrap_or_else(|_| mountpoint.to_path_buf());
@@ -338,7 +378,12 @@ pub fn umount(mountpoint: &Path, force: bool) -> Result<(), String> {
         if is_root() && unsafe { libc::umount(cpath(&mountpoint).as_ptr()) } == 0 {
             Ok(())
         } else {
-            Err(format!("cannot unmount {}: {e}", mountpoint.display()))
+            let users = holders(&mountpoint);
+            if users.is_empty() {
+                Err(format!("cannot unmount {}: {e}", mountpoint.display()))
+            } else {
+                Err(format!("cannot unmount {}: {e}; in use by {}", mountpoint.display(), users.join(", ")))
+            }
         }
     })?;
     // The daemon holds the lower directory's lock until it has written everything back.

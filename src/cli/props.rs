@@ -6,6 +6,7 @@ use super::mountinfo::{densefs_mounts, mountpoint_of};
 use super::output::{full_path, print_table, ratio, size};
 use crate::control::Control;
 use crate::core::props::{LocalProps, SETTABLE};
+use crate::engine::Offload;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 
@@ -33,13 +34,28 @@ pub fn is_read_only(name: &str) -> bool {
     })
 }
 
+fn read_only(name: &str) -> String {
+    format!("'{name}' is a read-only property (computed from the files; densefs get shows it); settable: {}", SETTABLE.join(", "))
+}
+
 /// `densefs set PROP=VALUE... DIR`
 pub fn set(assignments: &[String], dir: &Path) -> Result<(), String> {
     require_densefs(dir)?;
     for a in assignments {
         let (name, value) = a.split_once('=').ok_or_else(|| format!("'{a}': expected PROPERTY=VALUE"))?;
+        if is_read_only(name) {
+            return Err(read_only(name));
+        }
         // Check here too, for a message better than EINVAL.
         LocalProps::default().set(name, value)?;
+        // As a mount with offload=DEVICE, refused where the mount has no such device.
+        if let (true, Ok(Offload::Only(device))) = (name == "offload", Offload::parse(value)) {
+            let snapshot = client::report(dir, Control::Engine)?;
+            let found = snapshot["backends"].as_array().into_iter().flatten().any(|b| b["name"] == device);
+            if !found {
+                return Err(crate::engine::no_device(device, "this mount's daemon found none at mount time; its log says why"));
+            }
+        }
         let property = Control::property(name).ok_or_else(|| format!("'{name}' is not a settable property"))?;
         if !dir.is_dir() {
             return Err(format!("{}: properties are set on directories", dir.display()));
@@ -51,6 +67,9 @@ pub fn set(assignments: &[String], dir: &Path) -> Result<(), String> {
 
 /// `densefs inherit PROP DIR`
 pub fn inherit(name: &str, dir: &Path) -> Result<(), String> {
+    if is_read_only(name) {
+        return Err(format!("{} and cannot be inherited", read_only(name)));
+    }
     let Some(property) = Control::property(name) else {
         return Err(format!("'{name}' cannot be inherited (settable: {})", SETTABLE.join(", ")));
     };
@@ -130,7 +149,8 @@ pub fn list(recursive: bool, scripted: bool, parsable: bool, json: bool, paths: 
                 continue;
             }
         };
-        let mount = mountpoint_of(path);
+        // Datasets are named below PATH as PATH was given (relative stays relative), as find does.
+        let base = report["path"].as_str().unwrap_or("/").to_string();
         let compression_of = |p: &Path| -> String {
             client::report(p, Control::PROPERTIES)
                 .ok()
@@ -142,10 +162,11 @@ pub fn list(recursive: bool, scripted: bool, parsable: bool, json: bool, paths: 
         datasets.sort_by_key(|d| d["path"].as_str().unwrap_or("").to_string());
         for d in datasets {
             let rel = d["path"].as_str().unwrap_or("/");
-            let full = match &mount {
-                Some(m) => m.join(rel.trim_start_matches('/')),
-                None => PathBuf::from(rel),
-            };
+            let below = Path::new(rel).strip_prefix(&base).unwrap_or(Path::new(rel.trim_start_matches('/')));
+            if below.as_os_str().is_empty() {
+                continue; // PATH itself, a dataset: listed first already
+            }
+            let full = path.join(below);
             let c = compression_of(&full);
             entries.push((full, d["stats"].clone(), c));
         }

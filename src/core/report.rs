@@ -311,6 +311,7 @@ fn stats_json(s: &FileStats) -> Value {
     json!({
         "logicalused": s.logical_data,
         "used": s.physical,
+        "stored": s.stored_data,
         "written": s.logical_size,
         "records": s.records,
         "raw_low_savings": s.raw_low_savings,

@@ -90,6 +90,11 @@ pub static DEVICES: [DeviceRow; 2] = [
     DeviceRow { name: "faulty", test_only: true, probe: faulty::probe },
 ];
 
+/// Why `offload=NAME` (a mount option or `densefs set`) is refused where there is no such device.
+pub fn no_device(name: &str, why: &str) -> String {
+    format!("offload={name}: no {name} backend available ({why})")
+}
+
 /// The values `offload=` accepts, for messages: `auto, cpu or gpu` (test devices left out).
 pub fn offload_names() -> String {
     let mut names = vec!["auto", "cpu"];
