@@ -263,13 +263,8 @@ fn whose_bytes(files: &[(String, Vec<u8>)], data: &[u8]) -> String {
 
 /// `densefs recompress -r -q -o SPEC PATH`, which must rewrite every file.
 fn recompress(path: &Path, spec: &str) {
-    let out = Command::new(common::BIN).args(["recompress", "-r", "-q", "-o", spec]).arg(path).output().unwrap();
-    assert!(
-        out.status.success(),
-        "densefs recompress -r -o {spec}: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let (ok, out) = common::recompress(&[path], true, spec);
+    assert!(ok, "densefs recompress -r -o {spec}: {out}");
 }
 
 /// Kernel handles taken before `densefs recompress` moves files into new containers (each a new
@@ -625,30 +620,6 @@ fn held_open(pid: u32, dir: &Path) -> BTreeSet<String> {
         .collect()
 }
 
-/// A loop-mounted ext4 image with few inodes: every freed inode number is handed out again at
-/// once (as in tests/identity.rs).
-struct SmallExt4 {
-    dir: std::path::PathBuf,
-}
-
-impl SmallExt4 {
-    fn new(image: &Path, dir: &Path, inodes: u32) -> Option<SmallExt4> {
-        std::fs::create_dir_all(dir).unwrap();
-        File::create(image).unwrap().set_len(64 << 20).unwrap();
-        let made = Command::new("mkfs.ext4").args(["-q", "-F", "-N", &inodes.to_string()]).arg(image).status().is_ok_and(|s| s.success());
-        if !made || !Command::new("mount").args(["-o", "loop"]).arg(image).arg(dir).status().is_ok_and(|s| s.success()) {
-            return None;
-        }
-        Some(SmallExt4 { dir: dir.to_path_buf() })
-    }
-}
-
-impl Drop for SmallExt4 {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg("-l").arg(&self.dir).status();
-    }
-}
-
 /// Files written through the mount, looked up by nfs-ganesha (its cache holds their handles and
 /// directory entries, but no descriptor of them), then moved by `densefs recompress -r` into new
 /// lower files, on a lower whose freed inode numbers are handed out again at once: read over
@@ -674,7 +645,7 @@ fn nfs_ganesha_across_recompress() {
     let start = Instant::now();
     let d = Dirs::new();
     let lower = d.root.path().join("small");
-    let Some(_disk) = SmallExt4::new(&d.root.path().join("small.ext4"), &lower, 64) else {
+    let Some(_disk) = common::SmallExt4::new(&d.root.path().join("small.ext4"), &lower, 64) else {
         println!("SKIP: cannot make and loop-mount an ext4 image");
         return;
     };

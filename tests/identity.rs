@@ -7,12 +7,12 @@
 
 mod common;
 
-use common::{Dirs, Mount, BIN};
+use common::{recompress, Dirs, Mount, SmallExt4};
 use std::collections::{BTreeMap, HashSet};
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Write};
 use std::os::unix::fs::MetadataExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 
 /// A helper process, killed when the test ends however it ends.
@@ -29,19 +29,6 @@ impl Drop for Killed {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
-}
-
-fn recompress(paths: &[&Path], recursive: bool, spec: &str) -> (bool, String) {
-    let mut cmd = Command::new(BIN);
-    cmd.arg("recompress").arg("-q");
-    if recursive {
-        cmd.arg("-r");
-    }
-    if !spec.is_empty() {
-        cmd.arg("-o").arg(spec);
-    }
-    let out = cmd.args(paths).output().expect("run densefs recompress");
-    (out.status.success(), format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)))
 }
 
 /// Every file of `expected` through the mount: its bytes, and no two names sharing an inode
@@ -110,30 +97,6 @@ fn recompress_never_lets_a_name_serve_another_files_bytes() {
     let m = Mount::new(&d.lower, &d.mnt, "");
     check_files(&d.mnt, &expected, "at the end, remounted");
     m.unmount();
-}
-
-/// A loop-mounted ext4 image with few inodes: every freed inode number is handed out again at
-/// once, so each recompress moves numbers from one file to another.
-struct SmallExt4 {
-    dir: PathBuf,
-}
-
-impl SmallExt4 {
-    fn new(image: &Path, dir: &Path, inodes: u32) -> Option<SmallExt4> {
-        std::fs::create_dir_all(dir).unwrap();
-        File::create(image).unwrap().set_len(32 << 20).unwrap();
-        let made = Command::new("mkfs.ext4").args(["-q", "-F", "-N", &inodes.to_string()]).arg(image).status().is_ok_and(|s| s.success());
-        if !made || !Command::new("mount").args(["-o", "loop"]).arg(image).arg(dir).status().is_ok_and(|s| s.success()) {
-            return None;
-        }
-        Some(SmallExt4 { dir: dir.to_path_buf() })
-    }
-}
-
-impl Drop for SmallExt4 {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg("-l").arg(&self.dir).status();
-    }
 }
 
 /// Rounds of recompress on a lower whose inode numbers are all reused, while other processes

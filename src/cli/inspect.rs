@@ -2,7 +2,7 @@
 
 use super::client::report;
 use super::mountinfo::mountpoint_of;
-use super::output::full_path;
+use super::output::{counted, full_path};
 use crate::control::Control;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -54,11 +54,6 @@ pub fn stat(json: bool, files: &[PathBuf]) -> Result<(), String> {
         println!("{}", serde_json::to_string_pretty(&all).expect("BUG: JSON"));
     }
     Ok(())
-}
-
-/// "1 file", "2 files".
-pub fn counted(n: u64, one: &str, many: &str) -> String {
-    format!("{n} {}", if n == 1 { one } else { many })
 }
 
 /// `densefs scrub [--json] PATH`: exits 1 if anything is damaged.

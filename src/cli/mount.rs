@@ -343,7 +343,7 @@ pub fn holders(mountpoint: &Path) -> Vec<String> {
             .filter(|t| below(t))
             .count();
         if open > 0 {
-            uses.push(format!("{open} open file{}", if open == 1 { "" } else { "s" }));
+            uses.push(super::output::counted(open as u64, "open file", "open files"));
         }
         let maps = std::fs::read_to_string(proc.join("maps")).unwrap_or_default();
         if maps.lines().filter_map(|l| l.split_whitespace().nth(5)).any(|f| below(Path::new(f))) {

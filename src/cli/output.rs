@@ -3,6 +3,11 @@
 use serde_json::Value;
 use std::path::PathBuf;
 
+/// "1 file", "2 files".
+pub fn counted(n: u64, one: &str, many: &str) -> String {
+    format!("{n} {}", if n == 1 { one } else { many })
+}
+
 /// Sizes as ZFS prints them: 512B, 12.5K, 1.21G.
 pub fn human(bytes: u64) -> String {
     const UNITS: [&str; 6] = ["B", "K", "M", "G", "T", "P"];

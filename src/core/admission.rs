@@ -192,8 +192,9 @@ const DELETED_WAIT: Duration = Duration::from_secs(1);
 
 /// Deleted files (no name left) whose lower descriptor the daemon still holds: their blocks
 /// come back when it is closed, at the kernel's FORGET, which comes a moment after the unlink
-/// returned (or after the close(2) of the last handle, whose RELEASE it does not wait for). `rm big; echo x > small` on a full disk must find the space back, as on
-/// ext4, so a writer about to be refused waits for those FORGETs first.
+/// returned (or after the close(2) of the last handle, whose RELEASE it does not wait for).
+/// `rm big; echo x > small` on a full disk must find the space back, as on ext4, so a writer
+/// about to be refused waits for those FORGETs first.
 #[derive(Default)]
 pub struct DeletedHeld {
     /// How many, and when the last was deleted.

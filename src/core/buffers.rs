@@ -229,12 +229,6 @@ impl Buffers {
         self.dirty.is_empty() && self.inflight.is_empty()
     }
 
-    /// The first record from `from` on with a change not yet on the lower file.
-    pub fn first_pending_from(&self, from: u64) -> Option<u64> {
-        let dirty = self.dirty.range(from..).next().map(|(r, _)| *r);
-        dirty.into_iter().chain(self.inflight.keys().copied().filter(|&r| r >= from)).min()
-    }
-
     /// Whether the record's change not yet on the lower file holds data: a version all zeros
     /// (punched, or written as zeros) lands as a hole, so SEEK_DATA finds none in it now
     /// either. None when nothing is pending.
@@ -333,7 +327,7 @@ mod tests {
             b.drop_from(1);
             assert_eq!(memory.used(), 20 + 50);
             assert!(b.send(0, || false).is_some());
-            assert_eq!(b.first_pending_from(0), Some(0));
+            assert_eq!(b.first_pending_data_from(0), Some(0));
         }
         assert_eq!(memory.used(), 0, "dropping the buffers releases the rest");
     }

@@ -545,11 +545,7 @@ impl DenseFs {
     pub fn fallocate(&self, fh: u64, offset: u64, len: u64, mode: i32, changer: Changer) -> FsResult<()> {
         let end = offset.checked_add(len).ok_or(FsError::errno(libc::EFBIG))?;
         let handle = self.handle(fh)?;
-        let served = match (&handle.content, mode & !libc::FALLOC_FL_KEEP_SIZE) {
-            (Content::Plain(_), _) | (_, 0 | libc::FALLOC_FL_ZERO_RANGE) => true,
-            (_, libc::FALLOC_FL_PUNCH_HOLE) => mode & libc::FALLOC_FL_KEEP_SIZE != 0,
-            _ => false,
-        };
+        let served = matches!(handle.content, Content::Plain(_)) || container_serves(mode);
         if served && self.kill_privileges(&self.inode(handle.inode.nodeid)?, &changer)? {
             self.kernel_attrs_stale(&handle.inode);
         }
@@ -559,9 +555,11 @@ impl DenseFs {
                 Ok(())
             }
             Content::Container(c) => {
+                if !container_serves(mode) {
+                    return Err(FsError::errno(libc::EOPNOTSUPP));
+                }
                 let keep_size = mode & libc::FALLOC_FL_KEEP_SIZE != 0;
-                let action = mode & !libc::FALLOC_FL_KEEP_SIZE;
-                match action {
+                match mode & !libc::FALLOC_FL_KEEP_SIZE {
                     // Space cannot be promised for data whose compressed size is unknown: the
                     // size changes, the bytes read as zeros, nothing is reserved. As OpenZFS
                     // does (also unable to reserve), a request the lower plainly has no room
@@ -578,9 +576,8 @@ impl DenseFs {
                         }
                         c.changed_by_user()
                     }
-                    libc::FALLOC_FL_PUNCH_HOLE if keep_size => c.zero_range(offset, len)?,
-                    libc::FALLOC_FL_ZERO_RANGE => c.zero_range(offset, len)?,
-                    _ => return Err(FsError::errno(libc::EOPNOTSUPP)),
+                    // A hole punched (keeping the size) or a range zeroed.
+                    _ => c.zero_range(offset, len)?,
                 }
                 if !keep_size && end > c.size() {
                     c.set_size(end)?;
@@ -602,5 +599,15 @@ impl DenseFs {
             },
             Content::Plain(file) => Ok(lower::lseek(&file, offset, whence)?),
         }
+    }
+}
+
+/// The fallocate modes a container serves: allocation (a size, nothing reserved), a range
+/// zeroed, and a hole punched keeping the size (all else answers EOPNOTSUPP).
+fn container_serves(mode: i32) -> bool {
+    match mode & !libc::FALLOC_FL_KEEP_SIZE {
+        0 | libc::FALLOC_FL_ZERO_RANGE => true,
+        libc::FALLOC_FL_PUNCH_HOLE => mode & libc::FALLOC_FL_KEEP_SIZE != 0,
+        _ => false,
     }
 }

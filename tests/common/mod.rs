@@ -245,6 +245,45 @@ impl Drop for SmallDisk {
     }
 }
 
+/// A loop-mounted ext4 image with few inodes (64 MiB): every freed inode number is handed out
+/// again at once, so each file densefs moves into a new lower inode takes a number another file
+/// had. None where it cannot be made (no root, no mkfs.ext4).
+pub struct SmallExt4 {
+    dir: PathBuf,
+}
+
+impl SmallExt4 {
+    pub fn new(image: &Path, dir: &Path, inodes: u32) -> Option<SmallExt4> {
+        std::fs::create_dir_all(dir).unwrap();
+        std::fs::File::create(image).unwrap().set_len(64 << 20).unwrap();
+        let made = Command::new("mkfs.ext4").args(["-q", "-F", "-N", &inodes.to_string()]).arg(image).status().is_ok_and(|s| s.success());
+        if !made || !Command::new("mount").args(["-o", "loop"]).arg(image).arg(dir).status().is_ok_and(|s| s.success()) {
+            return None;
+        }
+        Some(SmallExt4 { dir: dir.to_path_buf() })
+    }
+}
+
+impl Drop for SmallExt4 {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.dir).status();
+    }
+}
+
+/// `densefs recompress -q [-r] [-o SPEC] PATH...`: whether it succeeded, and what it printed.
+pub fn recompress(paths: &[&Path], recursive: bool, spec: &str) -> (bool, String) {
+    let mut cmd = Command::new(BIN);
+    cmd.arg("recompress").arg("-q");
+    if recursive {
+        cmd.arg("-r");
+    }
+    if !spec.is_empty() {
+        cmd.arg("-o").arg(spec);
+    }
+    let out = cmd.args(paths).output().expect("run densefs recompress");
+    (out.status.success(), format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)))
+}
+
 /// The daemon's inode table: (inodes known, descriptors open), from `user.densefs.engine`.
 pub fn census(mnt: &Path) -> (u64, u64) {
     use std::os::unix::ffi::OsStrExt;

@@ -102,6 +102,29 @@ pub struct OpenState {
 }
 
 impl Inode {
+    /// A node `nodeid` for lower inode (dev, ino) of type `kind`, known by `place`, with nothing
+    /// else known of it yet.
+    pub(super) fn new(nodeid: u64, kind: u32, (dev, ino): (u64, u64), generation: u32, place: Place, last_used: u64) -> Inode {
+        Inode {
+            nodeid,
+            kind,
+            dev,
+            ino,
+            generation,
+            place: Mutex::new(place),
+            last_used: AtomicU64::new(last_used),
+            open: Mutex::new(OpenState::default()),
+            local_props: Mutex::new(None),
+            closed_size: Mutex::new(None),
+            no_capability: AtomicBool::new(false),
+            lost_a_name: AtomicBool::new(false),
+            kernel_has_attrs: AtomicBool::new(false),
+            blocks_told: AtomicU64::new(0),
+            retired: AtomicBool::new(false),
+            deleted_held: AtomicBool::new(false),
+        }
+    }
+
     /// The lower inode's (device, inode number).
     pub fn lower_id(&self) -> (u64, u64) {
         (self.dev, self.ino)

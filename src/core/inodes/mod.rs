@@ -96,24 +96,9 @@ impl InodeTable {
             .ok()
             .filter(|f| lower::geteuid() == 0 && lower::reopens_by_number(f.as_raw_fd()))
             .map(OwnedFd::from);
-        let root = Arc::new(Inode {
-            nodeid: ROOT,
-            kind: libc::S_IFDIR,
-            dev: root_dev,
-            ino: root_ino,
-            generation: 0, // the kernel made the root inode with generation 0
-            place: Mutex::new(Place { link: Some((ROOT, OsString::new())), fd: Some(Arc::new(File::from(root_fd))), readable: false }),
-            last_used: AtomicU64::new(u64::MAX),
-            open: Mutex::new(OpenState::default()),
-            local_props: Mutex::new(None),
-            closed_size: Mutex::new(None),
-            no_capability: AtomicBool::new(false),
-            lost_a_name: AtomicBool::new(false),
-            kernel_has_attrs: AtomicBool::new(false),
-            blocks_told: AtomicU64::new(0),
-            retired: AtomicBool::new(false),
-            deleted_held: AtomicBool::new(false),
-        });
+        // The kernel made the root inode with generation 0.
+        let place = Place { link: Some((ROOT, OsString::new())), fd: Some(Arc::new(File::from(root_fd))), readable: false };
+        let root = Arc::new(Inode::new(ROOT, libc::S_IFDIR, (root_dev, root_ino), 0, place, u64::MAX));
         let mut by_id = HashMap::new();
         by_id.insert(ROOT, Entry { inode: root, lookups: 1 });
         let mut remapped = HashMap::new();
@@ -369,24 +354,9 @@ impl InodeTable {
             tracing::debug!(node = id, ino, "lower inode number reused: the old node is retired");
         }
         let id = self.new_id(&mut t, dev, ino);
-        let inode = Arc::new(Inode {
-            nodeid: id,
-            kind: st.st_mode & libc::S_IFMT,
-            dev,
-            ino,
-            generation,
-            place: Mutex::new(Place { link, fd: Some(fd), readable }),
-            last_used: AtomicU64::new(self.clock.fetch_add(1, Ordering::Relaxed)),
-            open: Mutex::new(OpenState::default()),
-            local_props: Mutex::new(None),
-            closed_size: Mutex::new(None),
-            no_capability: AtomicBool::new(false),
-            lost_a_name: AtomicBool::new(false),
-            kernel_has_attrs: AtomicBool::new(false),
-            blocks_told: AtomicU64::new(0),
-            retired: AtomicBool::new(false),
-            deleted_held: AtomicBool::new(false),
-        });
+        let place = Place { link, fd: Some(fd), readable };
+        let inode =
+            Arc::new(Inode::new(id, st.st_mode & libc::S_IFMT, (dev, ino), generation, place, self.clock.fetch_add(1, Ordering::Relaxed)));
         t.by_id.insert(id, Entry { inode: inode.clone(), lookups });
         drop(t);
         self.opened_fd();
