@@ -480,3 +480,31 @@ fn a_busy_unmount_names_the_processes_that_hold_it() {
     assert!(!err.contains(&format!("pid {} ", reader.id())), "{err}");
     m.unmount();
 }
+
+#[test]
+fn recompress_right_after_close_does_not_find_the_file_open() {
+    // close(2) returns before the kernel's RELEASE reaches the daemon; a recompress that
+    // changes the record size (it needs the file closed) must not call it open meanwhile.
+    let d = Dirs::new();
+    let m = Mount::new(&d.lower, &d.mnt, "recordsize=64K");
+    for round in 0..40 {
+        let f = m.path(&format!("f{round}"));
+        std::fs::write(&f, common::compressible(200_000, round as u64)).unwrap();
+        let size = if round % 2 == 0 { "32K" } else { "128K" };
+        let (ok, out) = common::recompress(&[&f], false, &format!("recordsize={size}"));
+        assert!(ok, "round {round}: {out}");
+        assert_eq!(std::fs::read(&f).unwrap(), common::compressible(200_000, round as u64), "round {round}");
+    }
+    // A holder that closes while the recompress is waiting: it goes through.
+    let f = m.path("held");
+    std::fs::write(&f, common::compressible(200_000, 99)).unwrap();
+    let held = std::fs::File::open(&f).unwrap();
+    let closer = std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        drop(held);
+    });
+    let (ok, out) = common::recompress(&[&f], false, "recordsize=32K");
+    closer.join().unwrap();
+    assert!(ok, "a file closed 200 ms into the recompress: {out}");
+    assert_eq!(std::fs::read(&f).unwrap(), common::compressible(200_000, 99));
+}

@@ -18,9 +18,25 @@ use super::{DenseFs, FsError, FsResult, KernelCache};
 use std::ffi::OsString;
 use std::os::unix::fs::MetadataExt;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 /// Bytes copied per step when a file moves into a new container.
 const COPY_CHUNK: usize = 1 << 20;
+
+/// How long a recompress that needs the file closed waits for RELEASEs still on their way.
+const RELEASE_GRACE: Duration = Duration::from_millis(1500);
+
+/// Whether `node`'s handles all went within `RELEASE_GRACE`.
+fn wait_for_last_close(node: &Node) -> bool {
+    let deadline = Instant::now() + RELEASE_GRACE;
+    while node.open.lock().handles > 0 {
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    true
+}
 
 impl DenseFs {
     /// `spec`: empty, or `compression=…,recordsize=…` overriding the directory's properties;
@@ -34,6 +50,15 @@ impl DenseFs {
     }
 
     fn recompress_node(&self, node: &Node, spec: &str) -> FsResult<()> {
+        match self.recompress_now(node, spec) {
+            // close(2) returns before the kernel's RELEASE reaches the daemon: a file just
+            // closed by the caller still counts as open for a moment.
+            Err(e) if e.errno == libc::EBUSY && wait_for_last_close(node) => self.recompress_now(node, spec),
+            result => result,
+        }
+    }
+
+    fn recompress_now(&self, node: &Node, spec: &str) -> FsResult<()> {
         let nodeid = node.nodeid;
         if node.kind != libc::S_IFREG {
             return Err(FsError::new(libc::EINVAL, "only regular files are recompressed"));
