@@ -51,6 +51,7 @@ pub struct FuseAdapter {
 impl FuseAdapter {
     pub fn new(fs: Arc<DenseFs>, read_only: bool) -> FuseAdapter {
         let ttl = if read_only { READ_ONLY_TTL } else { WRITABLE_TTL };
+        fs.count_requests_with(Box::new(fuser::request_census));
         FuseAdapter { fs, read_only, ttl, direct_writes: false, read_ahead_knob: Arc::default() }
     }
 
@@ -187,10 +188,8 @@ impl Filesystem for FuseAdapter {
         // kernel resolves them with LOOKUP(node, ".") and LOOKUP(node, "..").
         let _ = config.add_capabilities(InitFlags::FUSE_EXPORT_SUPPORT);
         // Directory listings carry each entry's attributes (READDIRPLUS), so `ls -l` and `find`
-        // cost one request per few dozen entries instead of one LOOKUP each. AUTO: past a
-        // directory's first reply, only while its entries are being looked at (the kernel's
-        // heuristic), so a `find -name` of huge directories reads fewer container headers.
-        let _ = config.add_capabilities(InitFlags::FUSE_DO_READDIRPLUS | InitFlags::FUSE_READDIRPLUS_AUTO);
+        // cost one request per few dozen entries instead of one LOOKUP each.
+        let _ = config.add_capabilities(InitFlags::FUSE_DO_READDIRPLUS);
         // POSIX ACLs count in permission checks, as on the lower file system: the kernel reads
         // them through getxattr (and caches them). DONT_MASK: the kernel leaves the umask to
         // the daemon, which has the lower apply it, or the parent's default ACL instead

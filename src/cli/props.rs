@@ -276,5 +276,11 @@ pub fn engine_rows(snapshot: &Value, parsable: bool) -> Vec<(String, String)> {
     for (alg, n) in snapshot["auto"].as_object().into_iter().flatten() {
         rows.push((format!("engine.auto.{alg}"), n.as_u64().unwrap_or(0).to_string()));
     }
+    // Requests the kernel sent the daemon since the mount, by kind (FUSE opcode), and the
+    // time the daemon took to answer them in all.
+    for (kind, r) in snapshot["requests"].as_object().into_iter().flatten() {
+        rows.push((format!("engine.requests.{kind}"), r["count"].as_u64().unwrap_or(0).to_string()));
+        rows.push((format!("engine.requests.{kind}.time"), format!("{:.3}s", r["seconds"].as_f64().unwrap_or(0.0))));
+    }
     rows
 }

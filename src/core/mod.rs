@@ -165,6 +165,8 @@ pub struct DenseFs {
     /// kernel keep attributes and listings long, `fuse::WRITABLE_TTL`): the daemon is the only
     /// writer of the lower, so only its own changes behind a reply's back can outdate them.
     drop_kernel_cache: std::sync::OnceLock<Box<dyn Fn(u64, KernelCache) + Send + Sync>>,
+    /// The transport's count of requests by kind (`engine.requests.*`), once a transport runs.
+    request_census: std::sync::OnceLock<RequestCensus>,
     /// How many times the kernel was told so (`user.densefs.engine`: `kernel.attr_drops`).
     kernel_attr_drops: AtomicU64,
     /// Files the daemon wrote lately, until when their lower file system may still change
@@ -180,6 +182,10 @@ pub struct DenseFs {
     /// no run record).
     hints: std::sync::OnceLock<hints::Hints>,
 }
+
+/// Counts of the requests a transport received, by the kernel's name of their kind, with the
+/// time their handling took in all.
+pub type RequestCensus = Box<dyn Fn() -> Vec<(&'static str, u64, std::time::Duration)> + Send + Sync>;
 
 /// What the kernel keeps of a node that the daemon can tell it to drop.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -233,6 +239,7 @@ impl DenseFs {
             next_handle: AtomicU64::new(1),
             written_back: AtomicU64::new(0),
             drop_kernel_cache: std::sync::OnceLock::new(),
+            request_census: std::sync::OnceLock::new(),
             kernel_attr_drops: AtomicU64::new(0),
             cursors: Default::default(),
             listed: Default::default(),
@@ -341,6 +348,17 @@ impl DenseFs {
     }
 
     /// How the kernel is told to drop what it keeps of a node (the FUSE adapter's notifier).
+    /// Where the requests the kernel sent are counted, by kind (the FUSE adapter's transport).
+    pub fn count_requests_with(&self, census: RequestCensus) {
+        let _ = self.request_census.set(census);
+    }
+
+    /// Requests received so far by kind (how many, time spent on them), where a transport
+    /// counts them.
+    pub fn request_census(&self) -> Vec<(&'static str, u64, std::time::Duration)> {
+        self.request_census.get().map(|census| census()).unwrap_or_default()
+    }
+
     pub fn on_kernel_cache_stale(&self, drop: Box<dyn Fn(u64, KernelCache) + Send + Sync>) {
         let _ = self.drop_kernel_cache.set(drop);
     }

@@ -293,6 +293,11 @@ impl DenseFs {
         value["inodes"] = serde_json::json!({"known": known, "descriptors": open_fds});
         // Times the kernel was told to drop a file's attributes after the daemon's own writes.
         value["kernel"] = serde_json::json!({"attr_drops": self.kernel_attr_drops.load(std::sync::atomic::Ordering::Relaxed)});
+        value["requests"] = self
+            .request_census()
+            .into_iter()
+            .map(|(kind, n, took)| (kind.to_string(), json!({"count": n, "seconds": took.as_secs_f64()})))
+            .collect();
         value.to_string()
     }
 

@@ -30,6 +30,7 @@ use serde::Deserialize;
 use serde::Serialize;
 
 pub use crate::access_flags::AccessFlags;
+pub use crate::census::request_census;
 pub use crate::bsd_file_flags::BsdFileFlags;
 use crate::forget_one::ForgetOne;
 pub use crate::ll::Errno;
@@ -83,6 +84,7 @@ pub use crate::session::SessionUnmounter;
 
 mod access_flags;
 mod bsd_file_flags;
+mod census;
 mod channel;
 mod dev_fuse;
 /// Experimental APIs
