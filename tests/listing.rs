@@ -9,7 +9,7 @@
 
 mod common;
 
-use common::{census, compressible, wait_until, Dirs, Mount};
+use common::{census, compressible, requests, wait_until, Dirs, Mount};
 use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::CString;
 use std::fs::{self, OpenOptions};
@@ -154,6 +154,50 @@ fn long_listings_show_logical_sizes_and_lookups_balance() {
     let m = Mount::new(&d.lower, &d.mnt, "");
     assert_eq!(long_listing(&m.path("big")), first, "after a remount");
     m.unmount();
+}
+
+/// Reads every file under `dir` as `find -type f | xargs cat` does: each directory listed
+/// whole first (names and types, no stat), then each file opened by its path.
+fn walk_and_read(dir: &Path, read: &mut u64) {
+    let entries: Vec<_> = fs::read_dir(dir).unwrap().map(Result::unwrap).collect();
+    for entry in entries {
+        let kind = entry.file_type().unwrap();
+        if kind.is_dir() {
+            walk_and_read(&entry.path(), read);
+        } else if kind.is_file() {
+            *read += fs::read(entry.path()).unwrap().len() as u64;
+        }
+    }
+}
+
+#[test]
+fn a_cold_walk_that_reads_every_file_asks_no_lookup() {
+    // Every listing chunk carries its entries' attributes (READDIRPLUS, not the kernel's AUTO
+    // heuristic, which falls back to plain READDIR when nobody stats the entries): a `find`
+    // then `cat` of a cold tree opens every file through a name the listing brought in,
+    // where before each second name cost a LOOKUP.
+    let _turn = one_at_a_time();
+    let d = Dirs::new();
+    let m = Mount::new(&d.lower, &d.mnt, "");
+    // Directories of more entries than one listing chunk holds.
+    let mut written = 0;
+    for (dir, files) in [("t", 1200), ("t/a", 400), ("t/a/b", 400)] {
+        fs::create_dir_all(m.path(dir)).unwrap();
+        for i in 0..files {
+            let data = compressible(1 + (i * 131) % 9000, i as u64);
+            fs::write(m.path(&format!("{dir}/file-{i:05}")), &data).unwrap();
+            written += data.len() as u64;
+        }
+    }
+    m.unmount();
+    let m = Mount::new(&d.lower, &d.mnt, "");
+    let mut read = 0;
+    walk_and_read(&m.path("t"), &mut read);
+    assert_eq!(read, written);
+    // The one lookup allowed: "t" itself, which the walk names.
+    let lookups = requests(&m.mnt, "lookup");
+    assert!(lookups <= 1, "{lookups} LOOKUPs for a walk of 2000 files");
+    assert_eq!(requests(&m.mnt, "open"), 2000);
 }
 
 #[test]

@@ -11,12 +11,20 @@ const SLOTS: usize = 54;
 static COUNTS: [AtomicU64; SLOTS] = [const { AtomicU64::new(0) }; SLOTS];
 static NANOS: [AtomicU64; SLOTS] = [const { AtomicU64::new(0) }; SLOTS];
 
-/// One request of kind `opcode`, dispatched in `took` (from its arrival to the end of its
+/// A request of kind `opcode` arrived: counted before it is answered, so a program that got
+/// the answer finds it counted.
+pub(crate) fn arrived(opcode: u32) {
+    COUNTS[slot(opcode)].fetch_add(1, Ordering::Relaxed);
+}
+
+/// A request of kind `opcode` was dispatched in `took` (from its arrival to the end of its
 /// handler: the answer's sending included where the handler answers itself).
-pub(crate) fn count(opcode: u32, took: Duration) {
-    let slot = (opcode as usize).min(SLOTS - 1);
-    COUNTS[slot].fetch_add(1, Ordering::Relaxed);
-    NANOS[slot].fetch_add(took.as_nanos() as u64, Ordering::Relaxed);
+pub(crate) fn handled(opcode: u32, took: Duration) {
+    NANOS[slot(opcode)].fetch_add(took.as_nanos() as u64, Ordering::Relaxed);
+}
+
+fn slot(opcode: u32) -> usize {
+    (opcode as usize).min(SLOTS - 1)
 }
 
 /// The kernel's name of an opcode, without the FUSE_ prefix, lower case.

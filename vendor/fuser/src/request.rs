@@ -83,12 +83,13 @@ impl<'a> RequestWithSender<'a> {
     pub(crate) fn dispatch<FS: Filesystem>(&self, se: &SessionEventLoop<FS>) {
         debug!("{} thread={}", self.request, se.thread_name);
         let start = std::time::Instant::now();
+        crate::census::arrived(self.request.header().opcode);
         match self.dispatch_req(se) {
             Ok(Some(resp)) => self.reply::<ReplyRaw>().send_ll(&resp),
             Ok(None) => {}
             Err(errno) => self.reply::<ReplyRaw>().send_ll(&ResponseErrno(errno)),
         }
-        crate::census::count(self.request.header().opcode, start.elapsed());
+        crate::census::handled(self.request.header().opcode, start.elapsed());
     }
 
     fn dispatch_req<FS: Filesystem>(
