@@ -508,3 +508,38 @@ fn recompress_right_after_close_does_not_find_the_file_open() {
     assert!(ok, "a file closed 200 ms into the recompress: {out}");
     assert_eq!(std::fs::read(&f).unwrap(), common::compressible(200_000, 99));
 }
+
+#[test]
+fn bash_completes_property_names_mount_options_and_values() {
+    // The completion bash loads, asked as bash asks it (COMP_LINE up to the cursor).
+    let script = densefs(&["completions", "bash"]);
+    assert!(script.status.success());
+    let dir = tempfile_dir();
+    let path = dir.join("densefs.bash");
+    std::fs::write(&path, &script.stdout).unwrap();
+    let complete = |line: &str| -> String {
+        let probe = format!(
+            "source {}; COMP_LINE='{line}'; COMP_POINT=${{#COMP_LINE}}; COMP_WORDS=($COMP_LINE); COMP_CWORD=$((${{#COMP_WORDS[@]}} - 1)); \
+             _densefs_values densefs x y; echo \"${{COMPREPLY[*]}}\"",
+            path.display()
+        );
+        let out = Command::new("bash").args(["-c", &probe]).output().unwrap();
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        text(&out.stdout).trim().to_string()
+    };
+    assert_eq!(complete("densefs get compr"), "compression compressratio");
+    assert_eq!(complete("densefs set recor"), "recordsize=");
+    assert_eq!(complete("densefs inherit chec"), "checksum");
+    assert!(complete("densefs set compression=gzip-").split(' ').any(|w| w == "gzip-9"));
+    assert_eq!(complete("densefs mount -o compression=lz4,cache_s"), "lz4,cache_size=");
+    assert_eq!(complete("densefs mount -o io_uring=of"), "off");
+    assert_eq!(complete("densefs recompress -o rec"), "recordsize=");
+    assert_eq!(complete("densefs get compression,recordsize,use"), "compression,recordsize,used");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+fn tempfile_dir() -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("densefs-completions-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}

@@ -5,12 +5,13 @@
 //!   `daemon.rs` daemonizes and serves; `owner.rs` keeps other machines' daemons off a lower;
 //!   `logging.rs` where the daemon logs;
 //! - `props.rs`: set, inherit, get, list; `inspect.rs`: stat, scrub; `recompress.rs`;
-//!   `iostat.rs`; `bench.rs`;
+//!   `iostat.rs`; `bench.rs`; `completions.rs`, `man.rs`: shell completions and manual pages;
 //! - `mountinfo.rs`: the one parser of /proc/self/mountinfo; `client.rs`: requests to the
 //!   daemon; `output.rs`: sizes, ratios, tables.
 
 pub mod bench;
 pub mod client;
+pub mod completions;
 pub mod daemon;
 pub mod inspect;
 pub mod iostat;
@@ -316,10 +317,14 @@ pub fn run(cli: Cli) -> ExitCode {
         Command::Bench { what: BenchWhat::Engine { backend, compression, recordsize, threads, repeat, no_precheck, size, json, file } } => {
             bench::engine(&backend, &compression, &recordsize, threads, repeat, !no_precheck, size.as_deref(), json, &file)
         }
-        Command::Completions { shell } => {
-            clap_complete::generate(shell, &mut command(), "densefs", &mut std::io::stdout());
-            Ok(())
-        }
+        Command::Completions { shell } => completions::write(shell, &mut command(), &mut std::io::stdout()).or_else(|e| {
+            // Piped into a reader that stopped early: not an error.
+            if e.kind() == std::io::ErrorKind::BrokenPipe {
+                Ok(())
+            } else {
+                Err(format!("cannot write the completions: {e}"))
+            }
+        }),
         Command::Man { out } => man::write_pages(&out),
     };
     finish(result)
