@@ -382,6 +382,11 @@ fn offload_to_a_missing_device_is_refused_by_set_as_by_mount() {
     let out = densefs(&["set", "offload=gpu", m.path("dir").to_str().unwrap()]);
     assert!(!out.status.success(), "set offload=gpu was accepted without a GPU");
     assert!(text(&out.stderr).contains("offload=gpu: no gpu backend available"), "{}", text(&out.stderr));
+    // The daemon refuses it itself: written as the xattr `densefs set` uses, it is refused too.
+    let dir = std::ffi::CString::new(m.path("dir").to_str().unwrap()).unwrap();
+    // SAFETY: both strings are NUL-terminated and the value is 3 bytes long.
+    let set = unsafe { libc::setxattr(dir.as_ptr(), c"user.densefs.offload".as_ptr(), b"gpu".as_ptr().cast(), 3, 0) };
+    assert_eq!((set, std::io::Error::last_os_error().raw_os_error()), (-1, Some(libc::ENODEV)));
     // Nothing was stored: the directory still inherits.
     let get = densefs(&["get", "-H", "-o", "value,source", "offload", m.path("dir").to_str().unwrap()]);
     assert!(text(&get.stdout).starts_with("auto\t"), "{}", text(&get.stdout));

@@ -48,19 +48,17 @@ pub fn set(assignments: &[String], dir: &Path) -> Result<(), String> {
         }
         // Check here too, for a message better than EINVAL.
         LocalProps::default().set(name, value)?;
-        // As a mount with offload=DEVICE, refused where the mount has no such device.
-        if let (true, Ok(Offload::Only(device))) = (name == "offload", Offload::parse(value)) {
-            let snapshot = client::report(dir, Control::Engine)?;
-            let found = snapshot["backends"].as_array().into_iter().flatten().any(|b| b["name"] == device);
-            if !found {
-                return Err(crate::engine::no_device(device, "this mount's daemon found none at mount time; its log says why"));
-            }
-        }
         let property = Control::property(name).ok_or_else(|| format!("'{name}' is not a settable property"))?;
         if !dir.is_dir() {
             return Err(format!("{}: properties are set on directories", dir.display()));
         }
-        client::send(dir, property, value).map_err(|e| os_error(dir, &format!("cannot set {name}"), e))?;
+        client::send(dir, property, value).map_err(|e| match (e.raw_os_error(), Offload::parse(value)) {
+            // The daemon refuses a device it found none of at mount time, as mount does.
+            (Some(libc::ENODEV), Ok(Offload::Only(device))) => {
+                crate::engine::no_device(device, "this mount's daemon found none at mount time; its log says why")
+            }
+            _ => os_error(dir, &format!("cannot set {name}"), e),
+        })?;
     }
     Ok(())
 }

@@ -135,6 +135,14 @@ impl DenseFs {
         }
         // The cache's lock orders concurrent changes; it is read again from the lower, and
         // holds what the lower holds afterwards (nothing, if that is unknown after a failure).
+        // As a mount with offload=DEVICE: refused where this daemon found no such device.
+        if let (Some(v), "offload") = (value, name) {
+            if let Ok(crate::engine::Offload::Only(device)) = crate::engine::Offload::parse(v) {
+                if !self.engine.has_device(device) {
+                    return Err(FsError::new(libc::ENODEV, crate::engine::no_device(device, "none found at mount time")));
+                }
+            }
+        }
         let mut cached = node.local_props.lock();
         *cached = None;
         let mut local = props::read_local(node.raw_fd())?;
