@@ -51,7 +51,7 @@ pub struct FuseAdapter {
 impl FuseAdapter {
     pub fn new(fs: Arc<DenseFs>, read_only: bool) -> FuseAdapter {
         let ttl = if read_only { READ_ONLY_TTL } else { WRITABLE_TTL };
-        fs.count_requests_with(Box::new(fuser::request_census));
+        fs.count_requests_with(Box::new(request_census));
         FuseAdapter { fs, read_only, ttl, direct_writes: false, read_ahead_knob: Arc::default() }
     }
 
@@ -86,6 +86,25 @@ impl FuseAdapter {
             }
         }
     }
+}
+
+/// The transport's request census in the core's terms: cumulative latency buckets in seconds.
+fn request_census() -> Vec<crate::core::RequestCount> {
+    fuser::request_census()
+        .into_iter()
+        .map(|k| {
+            let mut below = 0;
+            let latency = fuser::LATENCY_BOUNDS_US
+                .iter()
+                .zip(k.buckets)
+                .map(|(&bound, n)| {
+                    below += n;
+                    (bound as f64 / 1e6, below)
+                })
+                .collect();
+            crate::core::RequestCount { kind: k.name, count: k.count, handled: k.handled, latency, answered: k.buckets.iter().sum() }
+        })
+        .collect()
 }
 
 fn file_type(kind: Kind) -> FileType {

@@ -151,6 +151,13 @@ pub(super) fn serve(
         Err(e) => return Err(fail(&mut ready, e.to_string())),
     };
     fs.connect_memory_budget();
+    if let Some(addr) = config.metrics {
+        let counters = Arc::downgrade(&fs);
+        let snapshot = move || counters.upgrade().map(|fs| fs.engine_report()).unwrap_or_default();
+        if let Err(e) = super::metrics::serve(addr, snapshot) {
+            return Err(fail(&mut ready, e));
+        }
+    }
     let mut fuse_config = fuser::Config::default();
     fuse_config.mount_options =
         vec![MountOption::FSName(lower.display().to_string()), MountOption::Subtype("densefs".into()), MountOption::DefaultPermissions];

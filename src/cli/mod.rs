@@ -5,7 +5,8 @@
 //!   `daemon.rs` daemonizes and serves; `owner.rs` keeps other machines' daemons off a lower;
 //!   `logging.rs` where the daemon logs;
 //! - `props.rs`: set, inherit, get, list; `inspect.rs`: stat, scrub; `recompress.rs`;
-//!   `iostat.rs`; `bench.rs`; `completions.rs`, `man.rs`: shell completions and manual pages;
+//!   `iostat.rs`; `metrics.rs`: Prometheus metrics; `bench.rs`; `completions.rs`, `man.rs`:
+//!   shell completions and manual pages;
 //! - `mountinfo.rs`: the one parser of /proc/self/mountinfo; `client.rs`: requests to the
 //!   daemon; `output.rs`: sizes, ratios, tables.
 
@@ -17,6 +18,7 @@ pub mod inspect;
 pub mod iostat;
 pub mod logging;
 pub mod man;
+pub mod metrics;
 pub mod mount;
 pub mod mount_options;
 pub mod mountinfo;
@@ -165,6 +167,9 @@ enum Command {
         verbose: bool,
         mountpoint: PathBuf,
     },
+    /// Print the mount's counters in Prometheus's text format (what -o metrics=ADDR:PORT serves
+    /// at /metrics), e.g. for node exporter's textfile collector.
+    Metrics { mountpoint: PathBuf },
     /// Benchmarks.
     Bench {
         #[command(subcommand)]
@@ -307,6 +312,7 @@ pub fn run(cli: Cli) -> ExitCode {
         Command::Recompress { recursive, settings, quiet, paths } => {
             recompress::run(recursive, settings.unwrap_or_default(), quiet, &paths)
         }
+        Command::Metrics { mountpoint } => metrics::run(&mountpoint),
         Command::Iostat { interval, count, verbose, mountpoint } => {
             if interval.is_finite() && interval > 0.0 {
                 iostat::run(&mountpoint, interval, count, verbose)

@@ -21,6 +21,9 @@ pub struct MountConfig {
     pub io_uring: IoUringMode,
     /// `nodiratime`, shown as the mount's flag (listings never move a directory's atime).
     pub nodiratime: bool,
+    /// `metrics=ADDR:PORT`: where the daemon serves Prometheus metrics (checked: loopback
+    /// unless `metrics_public`).
+    pub metrics: Option<std::net::SocketAddr>,
 }
 
 /// `io_uring=auto|on|off`: FUSE over io_uring (Linux 6.14+) serves each request on the CPU its
@@ -53,7 +56,7 @@ pub struct MountOptionDoc {
 }
 
 /// The mount options that are not properties, in the order help shows them.
-pub const MOUNT_OPTIONS: [MountOptionDoc; 21] = [
+pub const MOUNT_OPTIONS: [MountOptionDoc; 23] = [
     MountOptionDoc { names: &["compress"], value: "ALG", example: "zstd-3", about: "The same as compression=." },
     MountOptionDoc {
         names: &["offload_min", "offload_max"],
@@ -90,6 +93,18 @@ pub const MOUNT_OPTIONS: [MountOptionDoc; 21] = [
         value: "auto|on|off",
         example: "off",
         about: "Take requests through FUSE over io_uring (Linux 6.14+), each served on the CPU of the program that made it, instead of through /dev/fuse; on refuses to mount without it (default auto: where the kernel offers it, once /sys/module/fuse/parameters/enable_uring is Y).",
+    },
+    MountOptionDoc {
+        names: &["metrics"],
+        value: "ADDR:PORT",
+        example: "127.0.0.1:9567",
+        about: "Serve Prometheus metrics at http://ADDR:PORT/metrics (off by default): bytes written, stored and read by codec, records by backend and outcome, offload fallbacks, FUSE requests and their latency by operation, memory; densefs metrics MOUNT prints the same. A loopback address only, unless metrics_public is given too.",
+    },
+    MountOptionDoc {
+        names: &["metrics_public"],
+        value: "",
+        example: "",
+        about: "Let metrics= listen on an address other programs on the network can reach.",
     },
     MountOptionDoc {
         names: &["multihost"],
@@ -166,6 +181,7 @@ pub fn parse_mount_options(list: &str) -> Result<MountConfig, String> {
     let mut multihost = Multihost::default();
     let mut io_uring = IoUringMode::default();
     let mut engine = EngineConfig::new(std::thread::available_parallelism().map_or(2, |n| n.get()));
+    let (mut metrics, mut metrics_public) = (None, false);
     for item in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
         let (key, value) = match item.split_once('=') {
             Some((k, v)) => (k, Some(v)),
@@ -208,6 +224,8 @@ pub fn parse_mount_options(list: &str) -> Result<MountConfig, String> {
                 threads = v.parse().ok().filter(|n| (1..=256).contains(n)).ok_or_else(|| format!("invalid threads '{v}' (1..256)"))?;
             }
             "multihost" => multihost = Multihost::parse(value)?,
+            "metrics" => metrics = Some(need(value)?),
+            "metrics_public" => metrics_public = true,
             "io_uring" => {
                 io_uring = match value {
                     Some("auto") => IoUringMode::Auto,
@@ -246,7 +264,8 @@ pub fn parse_mount_options(list: &str) -> Result<MountConfig, String> {
     if engine.offload_window.0 > engine.offload_window.1 {
         return Err("offload_min is larger than offload_max".to_string());
     }
-    let mut config = MountConfig { options, fuse_options, allow_other, threads, engine, multihost, io_uring, nodiratime };
+    let metrics = metrics.map(|spec| super::metrics::listen_address(&spec, metrics_public)).transpose()?;
+    let mut config = MountConfig { options, fuse_options, allow_other, threads, engine, multihost, io_uring, nodiratime, metrics };
     if config.read_only() {
         config.options.atime = Atime::Never;
     }

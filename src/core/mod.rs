@@ -183,9 +183,22 @@ pub struct DenseFs {
     hints: std::sync::OnceLock<hints::Hints>,
 }
 
-/// Counts of the requests a transport received, by the kernel's name of their kind, with the
-/// time their handling took in all.
-pub type RequestCensus = Box<dyn Fn() -> Vec<(&'static str, u64, std::time::Duration)> + Send + Sync>;
+/// The requests of one kind a transport received (the kernel's name of the kind).
+#[derive(Clone, Debug)]
+pub struct RequestCount {
+    pub kind: &'static str,
+    pub count: u64,
+    /// The time their handling took in all.
+    pub handled: std::time::Duration,
+    /// How many took at most each bound (seconds), cumulative, as a Prometheus histogram's
+    /// buckets.
+    pub latency: Vec<(f64, u64)>,
+    /// How many were answered (`count` less those in flight): the +Inf bucket.
+    pub answered: u64,
+}
+
+/// Where the requests a transport received are counted, by kind.
+pub type RequestCensus = Box<dyn Fn() -> Vec<RequestCount> + Send + Sync>;
 
 /// What the kernel keeps of a node that the daemon can tell it to drop.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -355,7 +368,7 @@ impl DenseFs {
 
     /// Requests received so far by kind (how many, time spent on them), where a transport
     /// counts them.
-    pub fn request_census(&self) -> Vec<(&'static str, u64, std::time::Duration)> {
+    pub fn request_census(&self) -> Vec<RequestCount> {
         self.request_census.get().map(|census| census()).unwrap_or_default()
     }
 

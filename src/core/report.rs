@@ -304,7 +304,10 @@ impl DenseFs {
         value["requests"] = self
             .request_census()
             .into_iter()
-            .map(|(kind, n, took)| (kind.to_string(), json!({"count": n, "seconds": took.as_secs_f64()})))
+            .map(|r| {
+                let (le, counts): (Vec<f64>, Vec<u64>) = r.latency.iter().copied().unzip();
+                (r.kind.to_string(), json!({"count": r.count, "answered": r.answered, "seconds": r.handled.as_secs_f64(), "latency_le": le, "latency_counts": counts}))
+            })
             .collect();
         value.to_string()
     }

@@ -11,6 +11,26 @@ const SLOTS: usize = 54;
 static COUNTS: [AtomicU64; SLOTS] = [const { AtomicU64::new(0) }; SLOTS];
 static NANOS: [AtomicU64; SLOTS] = [const { AtomicU64::new(0) }; SLOTS];
 
+/// Upper bounds of the handling-time buckets (a Prometheus histogram's `le`), in microseconds;
+/// one more bucket counts the rest.
+pub const LATENCY_BOUNDS_US: [u64; 10] = [10, 25, 50, 100, 250, 500, 1_000, 2_500, 10_000, 100_000];
+const BUCKETS: usize = LATENCY_BOUNDS_US.len() + 1;
+static LATENCY: [[AtomicU64; BUCKETS]; SLOTS] = [const { [const { AtomicU64::new(0) }; BUCKETS] }; SLOTS];
+
+/// One kind of request: how many arrived, the time their handling took in all, and how many
+/// took at most each of [`LATENCY_BOUNDS_US`] (not cumulative; the last: longer).
+#[derive(Clone, Debug)]
+pub struct RequestKind {
+    /// The kernel's name of the opcode, lower case, without `FUSE_`.
+    pub name: &'static str,
+    /// How many arrived.
+    pub count: u64,
+    /// The time their handling took in all.
+    pub handled: Duration,
+    /// How many took at most each bound of [`LATENCY_BOUNDS_US`], then how many took longer.
+    pub buckets: [u64; BUCKETS],
+}
+
 /// A request of kind `opcode` arrived: counted before it is answered, so a program that got
 /// the answer finds it counted.
 pub(crate) fn arrived(opcode: u32) {
@@ -21,6 +41,9 @@ pub(crate) fn arrived(opcode: u32) {
 /// handler: the answer's sending included where the handler answers itself).
 pub(crate) fn handled(opcode: u32, took: Duration) {
     NANOS[slot(opcode)].fetch_add(took.as_nanos() as u64, Ordering::Relaxed);
+    let us = took.as_micros() as u64;
+    let bucket = LATENCY_BOUNDS_US.iter().position(|&bound| us <= bound).unwrap_or(BUCKETS - 1);
+    LATENCY[slot(opcode)][bucket].fetch_add(1, Ordering::Relaxed);
 }
 
 fn slot(opcode: u32) -> usize {
@@ -84,11 +107,15 @@ fn name(opcode: usize) -> &'static str {
     }
 }
 
-/// Requests received so far, by the kernel's name of their kind (only kinds seen): how many,
-/// and the time their handling took in all.
-pub fn request_census() -> Vec<(&'static str, u64, Duration)> {
+/// Requests received so far, by kind (only kinds seen), in opcode order.
+pub fn request_census() -> Vec<RequestKind> {
     (0..SLOTS)
-        .map(|slot| (name(slot), COUNTS[slot].load(Ordering::Relaxed), Duration::from_nanos(NANOS[slot].load(Ordering::Relaxed))))
-        .filter(|&(_, n, _)| n > 0)
+        .map(|slot| RequestKind {
+            name: name(slot),
+            count: COUNTS[slot].load(Ordering::Relaxed),
+            handled: Duration::from_nanos(NANOS[slot].load(Ordering::Relaxed)),
+            buckets: std::array::from_fn(|b| LATENCY[slot][b].load(Ordering::Relaxed)),
+        })
+        .filter(|k| k.count > 0)
         .collect()
 }

@@ -30,7 +30,7 @@ use serde::Deserialize;
 use serde::Serialize;
 
 pub use crate::access_flags::AccessFlags;
-pub use crate::census::request_census;
+pub use crate::census::{request_census, RequestKind, LATENCY_BOUNDS_US};
 pub use crate::bsd_file_flags::BsdFileFlags;
 use crate::forget_one::ForgetOne;
 pub use crate::ll::Errno;
