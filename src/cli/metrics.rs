@@ -152,6 +152,12 @@ pub fn render(s: &Value) -> String {
     }
     for (name, value, kind, help) in [
         (
+            "densefs_engine_queued_tasks",
+            &s["cpu_queued"],
+            "gauge",
+            "Compression and decompression tasks waiting for a CPU worker (the engine's queue depth).",
+        ),
+        (
             "densefs_memory_used_bytes",
             &s["memory"]["used"],
             "gauge",

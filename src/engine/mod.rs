@@ -364,6 +364,8 @@ impl Engine {
         states.extend(self.inner.devices.iter().map(|d| d.state()));
         let mut value = self.inner.stats.snapshot(&states);
         value["cpu_threads"] = self.inner.cpu.threads().into();
+        // Tasks waiting for a CPU worker now (the engine's queue depth).
+        value["cpu_queued"] = self.inner.cpu.waiting().into();
         value
     }
 
