@@ -500,10 +500,12 @@ fn recompress_right_after_close_does_not_find_the_file_open() {
         assert!(ok, "round {round}: {out}");
         assert_eq!(std::fs::read(&f).unwrap(), common::compressible(200_000, round as u64), "round {round}");
     }
-    // A holder that closes while the recompress is waiting: it goes through.
+    // A writer that has just closed one descriptor (its FLUSH came) and closes its last one
+    // while the recompress waits: it goes through.
     let f = m.path("held");
     std::fs::write(&f, common::compressible(200_000, 99)).unwrap();
-    let held = std::fs::File::open(&f).unwrap();
+    let held = std::fs::OpenOptions::new().append(true).open(&f).unwrap();
+    drop(held.try_clone().unwrap());
     let closer = std::thread::spawn(move || {
         std::thread::sleep(std::time::Duration::from_millis(200));
         drop(held);
@@ -512,6 +514,10 @@ fn recompress_right_after_close_does_not_find_the_file_open() {
     closer.join().unwrap();
     assert!(ok, "a file closed 200 ms into the recompress: {out}");
     assert_eq!(std::fs::read(&f).unwrap(), common::compressible(200_000, 99));
+    // A file someone holds open is still refused.
+    let _reader = std::fs::File::open(&f).unwrap();
+    let (ok, out) = common::recompress(&[&f], false, "recordsize=64K");
+    assert!(!ok, "recompressed a file held open: {out}");
 }
 
 #[test]

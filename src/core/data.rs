@@ -333,6 +333,7 @@ impl DenseFs {
     /// write-back error (the FUSE adapter asks the kernel not to send it at all).
     pub fn flush(&self, fh: u64) -> FsResult<()> {
         let handle = self.handle(fh)?;
+        handle.inode.open.lock().closed_at = Some(std::time::Instant::now());
         match &*handle {
             // Unlinked: nobody can open it again, so its data is not landed (the handles still
             // open read it from memory, and the last close lets it go).

@@ -23,12 +23,16 @@ use std::time::{Duration, Instant};
 /// Bytes copied per step when a file moves into a new container.
 const COPY_CHUNK: usize = 1 << 20;
 
-/// How long a recompress that needs the file closed waits for RELEASEs still on their way.
-const RELEASE_GRACE: Duration = Duration::from_millis(1500);
+/// How long a recompress that needs the file closed waits for RELEASEs still on their way:
+/// after a writer's close (its FLUSH came lately), and otherwise (a reader's close sends no
+/// FLUSH) briefly, so that a file someone really holds open is refused without a long wait.
+const RELEASE_GRACE_AFTER_CLOSE: Duration = Duration::from_millis(1500);
+const RELEASE_GRACE: Duration = Duration::from_millis(100);
 
-/// Whether `node`'s handles all went within `RELEASE_GRACE`.
+/// Whether `node`'s handles all went within the grace that applies to it.
 fn wait_for_last_close(node: &Node) -> bool {
-    let deadline = Instant::now() + RELEASE_GRACE;
+    let just_closed = node.open.lock().closed_at.is_some_and(|at| at.elapsed() < RELEASE_GRACE_AFTER_CLOSE);
+    let deadline = Instant::now() + if just_closed { RELEASE_GRACE_AFTER_CLOSE } else { RELEASE_GRACE };
     while node.open.lock().handles > 0 {
         if Instant::now() >= deadline {
             return false;
