@@ -193,7 +193,13 @@ impl DenseFs {
         };
         self.inodes.share(inode, content.file());
         open.handles += 1;
-        Ok(self.new_handle(Handle { inode: inode.inode.clone(), content, writable, atime_moved: Default::default() }))
+        Ok(self.new_handle(Handle {
+            inode: inode.inode.clone(),
+            content,
+            writable,
+            atime_moved: Default::default(),
+            closing: Default::default(),
+        }))
     }
 
     /// Whether a read through an open of `nodeid` now may move its access time: the open then
@@ -333,7 +339,7 @@ impl DenseFs {
     /// write-back error (the FUSE adapter asks the kernel not to send it at all).
     pub fn flush(&self, fh: u64) -> FsResult<()> {
         let handle = self.handle(fh)?;
-        handle.inode.open.lock().closed_at = Some(std::time::Instant::now());
+        handle.closing.store(true, std::sync::atomic::Ordering::Relaxed);
         match &*handle {
             // Unlinked: nobody can open it again, so its data is not landed (the handles still
             // open read it from memory, and the last close lets it go).

@@ -138,6 +138,9 @@ struct Handle {
     writable: bool,
     /// A read through it has moved the atime as `relatime` says (once per open is enough).
     atime_moved: std::sync::atomic::AtomicBool,
+    /// A close(2) of it reached the daemon (a FLUSH): its RELEASE is likely on its way (unless
+    /// a duplicate descriptor keeps it open).
+    closing: std::sync::atomic::AtomicBool,
 }
 
 /// A report kept between a size probe and the read that follows: (node, name, when, JSON).

@@ -24,22 +24,30 @@ use std::time::{Duration, Instant};
 const COPY_CHUNK: usize = 1 << 20;
 
 /// How long a recompress that needs the file closed waits for RELEASEs still on their way:
-/// after a writer's close (its FLUSH came lately), and otherwise (a reader's close sends no
-/// FLUSH) briefly, so that a file someone really holds open is refused without a long wait.
-const RELEASE_GRACE_AFTER_CLOSE: Duration = Duration::from_millis(1500);
+/// where every handle open on the file has been closed by its program (a FLUSH came, so close(2)
+/// has returned and the RELEASE follows on its own), and otherwise briefly (a reader's close
+/// sends no FLUSH), so that a file someone really holds open is refused without a long wait.
+const RELEASE_GRACE_WHEN_CLOSING: Duration = Duration::from_millis(1500);
 const RELEASE_GRACE: Duration = Duration::from_millis(100);
 
-/// Whether `node`'s handles all went within the grace that applies to it.
-fn wait_for_last_close(node: &Node) -> bool {
-    let just_closed = node.open.lock().closed_at.is_some_and(|at| at.elapsed() < RELEASE_GRACE_AFTER_CLOSE);
-    let deadline = Instant::now() + if just_closed { RELEASE_GRACE_AFTER_CLOSE } else { RELEASE_GRACE };
-    while node.open.lock().handles > 0 {
-        if Instant::now() >= deadline {
-            return false;
+impl DenseFs {
+    /// Whether `node`'s handles all went within the grace that applies to it.
+    fn wait_for_last_close(&self, node: &Node) -> bool {
+        let all_closing = self
+            .handles
+            .lock()
+            .values()
+            .filter(|h| h.inode.nodeid == node.nodeid)
+            .all(|h| h.closing.load(std::sync::atomic::Ordering::Relaxed));
+        let deadline = Instant::now() + if all_closing { RELEASE_GRACE_WHEN_CLOSING } else { RELEASE_GRACE };
+        while node.open.lock().handles > 0 {
+            if Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(5));
         }
-        std::thread::sleep(Duration::from_millis(5));
+        true
     }
-    true
 }
 
 impl DenseFs {
@@ -57,7 +65,7 @@ impl DenseFs {
         match self.recompress_now(node, spec) {
             // close(2) returns before the kernel's RELEASE reaches the daemon: a file just
             // closed by the caller still counts as open for a moment.
-            Err(e) if e.errno == libc::EBUSY && wait_for_last_close(node) => self.recompress_now(node, spec),
+            Err(e) if e.errno == libc::EBUSY && self.wait_for_last_close(node) => self.recompress_now(node, spec),
             result => result,
         }
     }

@@ -99,9 +99,6 @@ pub struct OpenState {
     /// When a content last wrote the file back and let go of it (`DenseFs::written_back`'s
     /// count then): a lower stat taken before may show what it replaced.
     pub written_back_at: u64,
-    /// When a close(2) of one of its handles last reached the daemon (a FLUSH): its RELEASE
-    /// follows on its own, after close(2) has returned.
-    pub closed_at: Option<std::time::Instant>,
 }
 
 impl Inode {
