@@ -525,8 +525,8 @@ fn bash_completes_property_names_mount_options_and_values() {
     // The completion bash loads, asked as bash asks it (COMP_LINE up to the cursor).
     let script = densefs(&["completions", "bash"]);
     assert!(script.status.success());
-    let dir = tempfile_dir();
-    let path = dir.join("densefs.bash");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("densefs.bash");
     std::fs::write(&path, &script.stdout).unwrap();
     let complete = |line: &str| -> String {
         let probe = format!(
@@ -546,11 +546,4 @@ fn bash_completes_property_names_mount_options_and_values() {
     assert_eq!(complete("densefs mount -o io_uring=of"), "off");
     assert_eq!(complete("densefs recompress -o rec"), "recordsize=");
     assert_eq!(complete("densefs get compression,recordsize,use"), "compression,recordsize,used");
-    let _ = std::fs::remove_dir_all(dir);
-}
-
-fn tempfile_dir() -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!("densefs-completions-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
 }

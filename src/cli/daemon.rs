@@ -153,7 +153,7 @@ pub(super) fn serve(
     fs.connect_memory_budget();
     if let Some(addr) = config.metrics {
         let counters = Arc::downgrade(&fs);
-        let snapshot = move || counters.upgrade().map(|fs| fs.engine_report()).unwrap_or_default();
+        let snapshot = move || counters.upgrade().map(|fs| fs.engine_snapshot()).unwrap_or_default();
         if let Err(e) = super::metrics::serve(addr, snapshot) {
             return Err(fail(&mut ready, e));
         }

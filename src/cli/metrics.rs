@@ -33,14 +33,14 @@ pub fn listen_address(spec: &str, public: bool) -> Result<SocketAddr, String> {
 }
 
 /// Serves `/metrics` on `addr` until the process ends: each request renders `snapshot()` anew.
-pub fn serve(addr: SocketAddr, snapshot: impl Fn() -> String + Send + 'static) -> Result<(), String> {
+pub fn serve(addr: SocketAddr, snapshot: impl Fn() -> Value + Send + 'static) -> Result<(), String> {
     let server = tiny_http::Server::http(addr).map_err(|e| format!("metrics: cannot listen on {addr}: {e}"))?;
     std::thread::Builder::new()
         .name("densefs-metrics".into())
         .spawn(move || {
             for request in server.incoming_requests() {
                 let response = if request.url() == "/metrics" || request.url().starts_with("/metrics?") {
-                    let body = serde_json::from_str::<Value>(&snapshot()).map(|v| render(&v)).unwrap_or_default();
+                    let body = render(&snapshot());
                     let header =
                         tiny_http::Header::from_bytes("Content-Type", "text/plain; version=0.0.4; charset=utf-8").expect("BUG: header");
                     tiny_http::Response::from_string(body).with_header(header)

@@ -363,7 +363,6 @@ impl DenseFs {
         open.written_back_at = self.written_back.fetch_add(1, Ordering::SeqCst) + 1;
     }
 
-    /// How the kernel is told to drop what it keeps of a node (the FUSE adapter's notifier).
     /// Where the requests the kernel sent are counted, by kind (the FUSE adapter's transport).
     pub fn count_requests_with(&self, census: RequestCensus) {
         let _ = self.request_census.set(census);
@@ -375,6 +374,7 @@ impl DenseFs {
         self.request_census.get().map(|census| census()).unwrap_or_default()
     }
 
+    /// How the kernel is told to drop what it keeps of a node (the FUSE adapter's notifier).
     pub fn on_kernel_cache_stale(&self, drop: Box<dyn Fn(u64, KernelCache) + Send + Sync>) {
         let _ = self.drop_kernel_cache.set(drop);
     }

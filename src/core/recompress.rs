@@ -31,26 +31,6 @@ const RELEASE_GRACE_WHEN_CLOSING: Duration = Duration::from_millis(1500);
 const RELEASE_GRACE: Duration = Duration::from_millis(100);
 
 impl DenseFs {
-    /// Whether `node`'s handles all went within the grace that applies to it.
-    fn wait_for_last_close(&self, node: &Node) -> bool {
-        let all_closing = self
-            .handles
-            .lock()
-            .values()
-            .filter(|h| h.inode.nodeid == node.nodeid)
-            .all(|h| h.closing.load(std::sync::atomic::Ordering::Relaxed));
-        let deadline = Instant::now() + if all_closing { RELEASE_GRACE_WHEN_CLOSING } else { RELEASE_GRACE };
-        while node.open.lock().handles > 0 {
-            if Instant::now() >= deadline {
-                return false;
-            }
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        true
-    }
-}
-
-impl DenseFs {
     /// `spec`: empty, or `compression=…,recordsize=…` overriding the directory's properties;
     /// `name=…` is the file name the caller used (the kernel does not tell, and a hard-linked
     /// inode's remembered name may be stale).
@@ -68,6 +48,24 @@ impl DenseFs {
             Err(e) if e.errno == libc::EBUSY && self.wait_for_last_close(node) => self.recompress_now(node, spec),
             result => result,
         }
+    }
+
+    /// Whether `node`'s handles all went within the grace that applies to it.
+    fn wait_for_last_close(&self, node: &Node) -> bool {
+        let all_closing = self
+            .handles
+            .lock()
+            .values()
+            .filter(|h| h.inode.nodeid == node.nodeid)
+            .all(|h| h.closing.load(std::sync::atomic::Ordering::Relaxed));
+        let deadline = Instant::now() + if all_closing { RELEASE_GRACE_WHEN_CLOSING } else { RELEASE_GRACE };
+        while node.open.lock().handles > 0 {
+            if Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        true
     }
 
     fn recompress_now(&self, node: &Node, spec: &str) -> FsResult<()> {

@@ -133,8 +133,6 @@ impl DenseFs {
         if node.kind != libc::S_IFDIR {
             return Err(FsError::new(libc::ENOTDIR, "properties are set on directories"));
         }
-        // The cache's lock orders concurrent changes; it is read again from the lower, and
-        // holds what the lower holds afterwards (nothing, if that is unknown after a failure).
         // As a mount with offload=DEVICE: refused where this daemon found no such device.
         if let (Some(v), "offload") = (value, name) {
             if let Ok(crate::engine::Offload::Only(device)) = crate::engine::Offload::parse(v) {
@@ -143,6 +141,8 @@ impl DenseFs {
                 }
             }
         }
+        // The cache's lock orders concurrent changes; it is read again from the lower, and
+        // holds what the lower holds afterwards (nothing, if that is unknown after a failure).
         let mut cached = node.local_props.lock();
         *cached = None;
         let mut local = props::read_local(node.raw_fd())?;
@@ -293,6 +293,12 @@ impl DenseFs {
 
     /// The engine's counters (JSON): what `densefs iostat` samples.
     pub fn engine_report(&self) -> String {
+        self.engine_snapshot().to_string()
+    }
+
+    /// The engine's counters, the daemon's and the transport's: what `engine_report` sends and
+    /// the metrics endpoint renders.
+    pub fn engine_snapshot(&self) -> Value {
         let mut value = self.engine.snapshot();
         value["offload"] = self.options.properties.offload.to_string().into();
         let (used, limit) = self.memory_use();
@@ -309,7 +315,7 @@ impl DenseFs {
                 (r.kind.to_string(), json!({"count": r.count, "answered": r.answered, "seconds": r.handled.as_secs_f64(), "latency_le": le, "latency_counts": counts}))
             })
             .collect();
-        value.to_string()
+        value
     }
 
     fn flush_open_files(&self) {

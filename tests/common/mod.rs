@@ -284,8 +284,8 @@ pub fn recompress(paths: &[&Path], recursive: bool, spec: &str) -> (bool, String
     (out.status.success(), format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)))
 }
 
-/// The daemon's inode table: (inodes known, descriptors open), from `user.densefs.engine`.
-pub fn census(mnt: &Path) -> (u64, u64) {
+/// The daemon's live counters, `user.densefs.engine`.
+fn engine_snapshot(mnt: &Path) -> serde_json::Value {
     use std::os::unix::ffi::OsStrExt;
     let path = std::ffi::CString::new(mnt.as_os_str().as_bytes()).unwrap();
     let name = c"user.densefs.engine";
@@ -293,7 +293,12 @@ pub fn census(mnt: &Path) -> (u64, u64) {
     // SAFETY: getxattr writes at most buf.len() bytes into buf; both strings are NUL-terminated.
     let n = unsafe { libc::getxattr(path.as_ptr(), name.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
     assert!(n > 0, "getxattr user.densefs.engine: {}", std::io::Error::last_os_error());
-    let v: serde_json::Value = serde_json::from_slice(&buf[..n as usize]).unwrap();
+    serde_json::from_slice(&buf[..n as usize]).unwrap()
+}
+
+/// The daemon's inode table: (inodes known, descriptors open), from `user.densefs.engine`.
+pub fn census(mnt: &Path) -> (u64, u64) {
+    let v = engine_snapshot(mnt);
     (v["inodes"]["known"].as_u64().expect("inodes.known"), v["inodes"]["descriptors"].as_u64().expect("inodes.descriptors"))
 }
 
@@ -301,15 +306,7 @@ pub fn census(mnt: &Path) -> (u64, u64) {
 /// received since it was mounted, from `user.densefs.engine`. Counted as each arrives, before it
 /// is answered.
 pub fn requests(mnt: &Path, kind: &str) -> u64 {
-    use std::os::unix::ffi::OsStrExt;
-    let path = std::ffi::CString::new(mnt.as_os_str().as_bytes()).unwrap();
-    let name = c"user.densefs.engine";
-    let mut buf = vec![0u8; 1 << 16];
-    // SAFETY: getxattr writes at most buf.len() bytes into buf; both strings are NUL-terminated.
-    let n = unsafe { libc::getxattr(path.as_ptr(), name.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
-    assert!(n > 0, "getxattr user.densefs.engine: {}", std::io::Error::last_os_error());
-    let v: serde_json::Value = serde_json::from_slice(&buf[..n as usize]).unwrap();
-    v["requests"][kind]["count"].as_u64().unwrap_or(0)
+    engine_snapshot(mnt)["requests"][kind]["count"].as_u64().unwrap_or(0)
 }
 
 /// Polls `ok` until it holds (30 s at most).
