@@ -271,6 +271,9 @@ pub(super) fn serve(
     // Mounted: only now does this run count as one (a mount that fails leaves the record as
     // the last run left it, and its hints trusted).
     fs.begin_run(!config.read_only());
+    if !config.read_only() {
+        fs.start_background();
+    }
     // "mounted" (the log line, the parent's "ok") once every thread serves, so that whoever
     // waits for it finds the daemon as it runs (its threads, its rings), not only the mount.
     let result = session.run_then(|| {

@@ -167,6 +167,38 @@ pub fn render(s: &Value) -> String {
         ("densefs_inodes", &s["inodes"]["known"], "gauge", "Inodes the daemon knows (the kernel holds them)."),
         ("densefs_descriptors", &s["inodes"]["descriptors"], "gauge", "Lower descriptors the daemon holds open."),
         ("densefs_process_cpu_seconds_total", &s["process_cpu_s"], "counter", "CPU time of the daemon, all threads."),
+        ("densefs_background_waiting_files", &s["background"]["waiting_files"], "gauge", "Files waiting for background compression."),
+        (
+            "densefs_background_waiting_bytes",
+            &s["background"]["waiting_bytes"],
+            "gauge",
+            "Logical bytes of the files waiting for background compression.",
+        ),
+        ("densefs_background_files_total", &s["background"]["files_done"], "counter", "Files background compression has re-encoded."),
+        (
+            "densefs_background_in_bytes_total",
+            &s["background"]["bytes_in"],
+            "counter",
+            "Logical bytes of the records background compression re-encoded.",
+        ),
+        (
+            "densefs_background_out_bytes_total",
+            &s["background"]["bytes_out"],
+            "counter",
+            "Bytes those records became with the background codec.",
+        ),
+        (
+            "densefs_background_postponed_total",
+            &s["background"]["postponed"],
+            "counter",
+            "Background passes put off because the file was open (or opened during the pass).",
+        ),
+        (
+            "densefs_background_failed_total",
+            &s["background"]["failed"],
+            "counter",
+            "Background passes that failed (logged; tried again later).",
+        ),
     ] {
         Family::new(&mut out, name, kind, help).sample(name, &[], num(value));
     }

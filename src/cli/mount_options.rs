@@ -56,7 +56,7 @@ pub struct MountOptionDoc {
 }
 
 /// The mount options that are not properties, in the order help shows them.
-pub const MOUNT_OPTIONS: [MountOptionDoc; 23] = [
+pub const MOUNT_OPTIONS: [MountOptionDoc; 24] = [
     MountOptionDoc { names: &["compress"], value: "ALG", example: "zstd-3", about: "The same as compression=." },
     MountOptionDoc {
         names: &["offload_min", "offload_max"],
@@ -81,6 +81,12 @@ pub const MOUNT_OPTIONS: [MountOptionDoc; 23] = [
         value: "SIZE",
         example: "64M",
         about: "File data all open files may hold in memory: written and not yet stored, being compressed, or cached decoded; writers wait for room (at least 8M; default 256M).",
+    },
+    MountOptionDoc {
+        names: &["background_delay"],
+        value: "SECONDS",
+        example: "1",
+        about: "How long a file must stay closed before background_compression re-encodes it, in seconds (or 500ms); a file opened again meanwhile waits that long again (default 5).",
     },
     MountOptionDoc {
         names: &["threads"],
@@ -192,7 +198,7 @@ pub fn parse_mount_options(list: &str) -> Result<MountConfig, String> {
         };
         // Every property is a mount option too, setting the root's default (core/props.rs's table).
         if let Ok(property) = crate::core::props::property(if key == "compress" { "compression" } else { key }) {
-            property.parse_into(&need(value)?, &mut options.properties)?;
+            property.parse_into(&need(value)?, &mut options.properties).map_err(|e| format!("{key}: {e}"))?;
             continue;
         }
         if mount_option(key).is_none() {
@@ -216,6 +222,11 @@ pub fn parse_mount_options(list: &str) -> Result<MountConfig, String> {
                     .filter(|&n| n >= 8 << 20)
                     .ok_or_else(|| format!("invalid cache_size '{v}' (at least 8M, e.g. 256M or 1G)"))?
                     as usize;
+            }
+            "background_delay" => {
+                let v = need(value)?;
+                options.background_delay =
+                    parse_delay(&v).ok_or_else(|| format!("invalid background_delay '{v}' (seconds up to 86400, e.g. 5 or 500ms)"))?;
             }
             "precheck" => engine.precheck = on_off(key, value)?,
             "verify" => engine.verify = on_off(key, value)?,
@@ -270,6 +281,17 @@ pub fn parse_mount_options(list: &str) -> Result<MountConfig, String> {
         config.options.atime = Atime::Never;
     }
     Ok(config)
+}
+
+/// Seconds (`5`, `5s`) or milliseconds (`500ms`), at most a day.
+fn parse_delay(text: &str) -> Option<std::time::Duration> {
+    let (digits, unit_ms) = match text.strip_suffix("ms") {
+        Some(ms) => (ms, 1),
+        None => (text.strip_suffix('s').unwrap_or(text), 1000),
+    };
+    let n: u64 = digits.parse().ok()?;
+    let ms = n.checked_mul(unit_ms)?;
+    (ms <= 86_400_000).then(|| std::time::Duration::from_millis(ms))
 }
 
 #[cfg(test)]

@@ -274,6 +274,20 @@ pub fn engine_rows(snapshot: &Value, parsable: bool) -> Vec<(String, String)> {
     for (alg, n) in snapshot["auto"].as_object().into_iter().flatten() {
         rows.push((format!("engine.auto.{alg}"), n.as_u64().unwrap_or(0).to_string()));
     }
+    // Background compression: what waits, and what it did since the mount.
+    let bg = &snapshot["background"];
+    if bg["enabled"].as_bool() == Some(true) {
+        let n = |k: &str| bg[k].as_u64().unwrap_or(0);
+        rows.push(("engine.background.waiting_files".into(), n("waiting_files").to_string()));
+        rows.push(("engine.background.waiting_bytes".into(), size(n("waiting_bytes"))));
+        rows.push(("engine.background.files_done".into(), n("files_done").to_string()));
+        rows.push(("engine.background.bytes_in".into(), size(n("bytes_in"))));
+        rows.push(("engine.background.bytes_out".into(), size(n("bytes_out"))));
+        rows.push(("engine.background.used_before".into(), size(n("stored_before"))));
+        rows.push(("engine.background.used_after".into(), size(n("stored_after"))));
+        rows.push(("engine.background.postponed".into(), n("postponed").to_string()));
+        rows.push(("engine.background.failed".into(), n("failed").to_string()));
+    }
     // Requests the kernel sent the daemon since the mount, by kind (FUSE opcode), and the
     // time the daemon took to answer them in all.
     for (kind, r) in snapshot["requests"].as_object().into_iter().flatten() {

@@ -14,6 +14,7 @@
 //! no lock is held while waiting on the engine. The landing queue has its own small lock, never
 //! held while taking another.
 
+pub mod densify;
 #[cfg(test)]
 mod model_tests;
 mod resize;
@@ -27,14 +28,14 @@ use super::lower;
 use super::memory::Memory;
 use super::store::{mtime_of, Store, StoreState};
 use crate::checksum::ChecksumKind;
-use crate::codec::Setting;
+use crate::codec::{Compression, Setting};
 use crate::engine::{CompressRequest, DecompressRequest, Encoded, Engine, EngineError, Job, RecordPolicy};
 use crate::format::durability::Epochs;
 use crate::format::hints::SizeHint;
 use crate::format::layout::round_up_block;
 use crate::format::{newest_first, Descriptor, Header, Layout};
 use parking_lot::{Condvar, Mutex, MutexGuard, RwLock, RwLockReadGuard};
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -54,6 +55,29 @@ pub struct CreateSettings {
     pub compression: Setting,
     pub layout: Layout,
     pub checksum: ChecksumKind,
+}
+
+/// Why a record is loaded into its dirty buffer.
+#[derive(Clone, Copy, Debug)]
+enum Load {
+    /// A change keeps some of its bytes.
+    Edit,
+    /// To be written again as it is, landed only if smaller (recompress, interim records, the
+    /// background pass with its codec): only a stored record not being changed.
+    Rewrite { densify: Option<Compression> },
+}
+
+/// What a record handed to the engine is compressed with.
+#[derive(Clone, Copy, Debug)]
+enum EncodeWith {
+    /// The file's codec (its header's).
+    FileCodec,
+    /// What a user's fsync lands it with (`Setting::for_fsync`) instead: an interim copy,
+    /// re-encoded with the file's codec once quiet.
+    Fsync(Setting),
+    /// The background pass's codec (`background_compression`): the header keeps the file's, so
+    /// that new writes stay fast.
+    Background(Compression),
 }
 
 /// A compressed record (or the engine's failure) waiting to land.
@@ -80,8 +104,10 @@ struct State {
     policy: RecordPolicy,
     buffers: Buffers,
     store: StoreState,
-    /// Dirty records recompress loaded to re-encode, not changed by a user since.
-    rewriting: HashSet<u64>,
+    /// Dirty records recompress or the background pass loaded to re-encode, not changed by a
+    /// user since: with the background codec they go to the engine with, whoever sends them
+    /// (the writeback tick may, before the pass does).
+    rewriting: HashMap<u64, Option<Compression>>,
     /// A failed landing, reported by the next write, flush or fsync (its data stays dirty).
     write_error: Option<FsError>,
     /// Where sequential reads stand, for read-ahead.
@@ -318,7 +344,7 @@ impl Container {
                 policy,
                 buffers: Buffers::new(memory),
                 store: state,
-                rewriting: HashSet::new(),
+                rewriting: HashMap::new(),
                 write_error: None,
                 pending_discard: None,
                 stream: ReadStream::default(),
@@ -388,6 +414,11 @@ impl Container {
     /// mtime and ctime there too).
     pub fn changed_by_user(&self) {
         self.state.lock().store.user_changed();
+    }
+
+    /// Whether this content wrote the lower file (since it was opened).
+    pub fn wrote(&self) -> bool {
+        self.state.lock().store.wrote()
     }
 
     pub fn layout(&self) -> Layout {
@@ -621,7 +652,13 @@ impl Container {
     /// partial write can modify them. `rewrite` (recompress): only a stored record, left alone
     /// if a change of it is pending, and marked as a rewrite (landed only if smaller); the mark
     /// is set under the same lock that sees no such change, and every user change clears it.
-    fn load(&self, record: u64, rewrite: bool) -> FsResult<()> {
+    fn load(&self, record: u64, load: Load) -> FsResult<()> {
+        let rewrite = matches!(load, Load::Rewrite { .. });
+        let mark = |st: &mut State| {
+            if let Load::Rewrite { densify } = load {
+                st.rewriting.insert(record, densify);
+            }
+        };
         let done = |st: &State| if rewrite { st.buffers.is_pending(record) } else { st.buffers.is_dirty(record) };
         loop {
             let seen = {
@@ -633,9 +670,7 @@ impl Container {
                 match self.source(&mut st, record)? {
                     Source::Memory(buf) => {
                         self.put_trimmed(&mut st, record, &buf);
-                        if rewrite {
-                            st.rewriting.insert(record);
-                        }
+                        mark(&mut st);
                         return Ok(());
                     }
                     Source::Absent if rewrite => return Ok(()),
@@ -656,9 +691,7 @@ impl Container {
             // Insert only if nothing changed the record while we read it; else look again.
             if !st.buffers.is_in_flight(record) && newest_first(&self.store.pair(&mut st.store, record)?) == seen {
                 self.put_trimmed(st, record, &buf);
-                if rewrite {
-                    st.rewriting.insert(record);
-                }
+                mark(st);
                 return Ok(());
             }
         }
@@ -697,7 +730,7 @@ impl Container {
                 Source::Lower { .. } => {
                     drop(st);
                     drop(io);
-                    self.load(record, false)?;
+                    self.load(record, Load::Edit)?;
                 }
             }
         }
@@ -767,19 +800,29 @@ impl Container {
     /// Moves the given dirty records into flight and builds their engine jobs. Records already in
     /// flight stay dirty: one version of a record is in the engine at a time.
     fn prepare(self: &Arc<Self>, st: &mut State, records: &[u64]) -> Vec<Job> {
-        self.send(st, records, None).into_iter().map(|sent| self.job(sent)).collect()
+        self.send(st, records, EncodeWith::FileCodec).into_iter().map(|sent| self.job(sent)).collect()
     }
 
-    /// Moves the given dirty records into flight: what to compress for each. `fsync_landing`:
-    /// the setting a user's fsync lands them with (`Setting::for_fsync`) instead of the file's,
-    /// noted as interim.
-    fn send(&self, st: &mut State, records: &[u64], fsync_landing: Option<Setting>) -> Vec<Sent> {
+    /// Moves the given dirty records into flight: what to compress for each, and with what.
+    fn send(&self, st: &mut State, records: &[u64], with: EncodeWith) -> Vec<Sent> {
         let mut sent = Vec::new();
         for &record in records {
             let rewriting = &mut st.rewriting;
-            let Some((seq, data)) = st.buffers.send(record, || rewriting.remove(&record)) else { continue };
-            let compression = fsync_landing.unwrap_or(st.store.compression);
-            st.interim.sent(record, compression != st.store.compression);
+            let mut densify = None;
+            let rewrite = || match rewriting.remove(&record) {
+                Some(codec) => {
+                    densify = codec;
+                    true
+                }
+                None => false,
+            };
+            let Some((seq, data)) = st.buffers.send(record, rewrite) else { continue };
+            let (compression, interim) = match (densify, with) {
+                (Some(c), _) | (None, EncodeWith::Background(c)) => (Setting::Fixed(c), false),
+                (None, EncodeWith::FileCodec) => (st.store.compression, false),
+                (None, EncodeWith::Fsync(setting)) => (setting, setting != st.store.compression),
+            };
+            st.interim.sent(record, interim);
             let request = CompressRequest {
                 data,
                 compression,

@@ -193,6 +193,7 @@ impl DenseFs {
         };
         self.inodes.share(inode, content.file());
         open.handles += 1;
+        open.opens += 1;
         Ok(self.new_handle(Handle {
             inode: inode.inode.clone(),
             content,
@@ -394,6 +395,8 @@ impl DenseFs {
         }
         let Some(content) = open.content.take() else { return };
         let file = content.file().clone();
+        // The background pass had it before this open: it keeps it, and lets go of it.
+        let loaned = open.background.then(|| content.clone());
         if let Content::Container(c) = content {
             // Records fsyncs landed uncompressed or with lz4 get the file's codec now; their
             // interim copies are freed by the sync. A record that cannot be read again just
@@ -415,6 +418,13 @@ impl DenseFs {
             } else {
                 self.note_written_back(&mut open);
             }
+            if c.wrote() {
+                self.queue_background(inode, &c);
+            }
+        }
+        if loaned.is_some() {
+            open.content = loaned;
+            return;
         }
         // The descriptor stays the inode's (`InodeTable::share`) and from now on serves the
         // daemon's own header reads, which leave the access time alone.
@@ -439,7 +449,7 @@ impl DenseFs {
         if open.handles > 0 || !(last_name || open.content.as_ref().is_some_and(|c| c.nameless(&inode))) {
             return;
         }
-        if open.content.take().is_some() {
+        if open.content.take().is_some() && !open.background {
             tracing::info!(inode = inode.nodeid, "unlinked: data kept in memory after a failed close is dropped");
         }
         drop(open);

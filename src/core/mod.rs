@@ -7,6 +7,7 @@
 
 mod admission;
 pub mod atime;
+mod background;
 pub mod buffers;
 mod changed;
 pub mod container;
@@ -49,11 +50,18 @@ pub struct Options {
     pub cache_size: usize,
     /// When users' reads move access times (`noatime`, `relatime`, `strictatime`; `ro`: never).
     pub atime: atime::Atime,
+    /// How long a file stays closed before background compression re-encodes it.
+    pub background_delay: Duration,
 }
 
 impl Default for Options {
     fn default() -> Options {
-        Options { properties: PropertyValues::default(), cache_size: 256 << 20, atime: atime::Atime::Relative }
+        Options {
+            properties: PropertyValues::default(),
+            cache_size: 256 << 20,
+            atime: atime::Atime::Relative,
+            background_delay: Duration::from_secs(5),
+        }
     }
 }
 
@@ -184,6 +192,8 @@ pub struct DenseFs {
     /// Size hints: set by `begin_run` (none for a core without a mount, or a lower that keeps
     /// no run record).
     hints: std::sync::OnceLock<hints::Hints>,
+    /// Background compression, once `start_background` ran (a writable mount).
+    background: std::sync::OnceLock<Arc<background::Background>>,
 }
 
 /// The requests of one kind a transport received (the kernel's name of the kind).
@@ -263,6 +273,7 @@ impl DenseFs {
             daemon_ids: (lower::geteuid(), lower::getegid()),
             last_report: Mutex::new(None),
             hints: std::sync::OnceLock::new(),
+            background: std::sync::OnceLock::new(),
         })
     }
 
@@ -641,8 +652,10 @@ impl DenseFs {
         held
     }
 
-    /// Lands everything still in memory (unmount).
+    /// Lands everything still in memory (unmount). The background pass stops first, between
+    /// two records; what it had not done stays in its work log for the next mount.
     pub fn flush_all(&self) {
+        self.stop_background();
         for content in self.inodes.open_contents() {
             if let Content::Container(c) = content {
                 if let Err(e) = c.sync(false) {

@@ -8,7 +8,7 @@
 use super::error::{FsError, FsResult};
 use super::lower::{self, cstr};
 use crate::checksum::ChecksumKind;
-use crate::codec::Setting;
+use crate::codec::{Compression, Setting};
 use crate::engine::{MinSavings, Offload};
 use crate::format::Layout;
 use std::ffi::OsStr;
@@ -27,6 +27,7 @@ pub struct LocalProps {
     pub min_savings: Option<MinSavings>,
     pub checksum: Option<ChecksumKind>,
     pub offload: Option<Offload>,
+    pub background_compression: Option<Compression>,
 }
 
 /// The value of every property: the mount's (its options, the root's defaults) or what is in
@@ -38,6 +39,8 @@ pub struct PropertyValues {
     pub checksum: ChecksumKind,
     pub min_savings: MinSavings,
     pub offload: Offload,
+    /// What a closed, quiet file's records are re-encoded with in the background (`off`: never).
+    pub background_compression: Compression,
 }
 
 impl Default for PropertyValues {
@@ -49,6 +52,7 @@ impl Default for PropertyValues {
             checksum: ChecksumKind::Crc32c,
             min_savings: MinSavings::ZFS,
             offload: Offload::Auto,
+            background_compression: Compression::OFF,
         }
     }
 }
@@ -127,7 +131,7 @@ macro_rules! property {
 /// its default), and a row here with its parser and printer; then whatever reads the value uses
 /// it. The CLI and its help, the xattrs, storage, mount options, inheritance and recompress need
 /// no change.
-pub const PROPERTIES: [Property; 5] = [
+pub const PROPERTIES: [Property; 6] = [
     property!(
         "compression",
         "ALG",
@@ -173,7 +177,24 @@ pub const PROPERTIES: [Property; 5] = [
         Offload::parse,
         |o: &Offload| o.to_string()
     ),
+    property!(
+        "background_compression",
+        "ALG",
+        "What a file's records are re-encoded with once it has been closed and left alone (background_delay), by threads that get only CPU nothing else wants: any fixed codec (e.g. zstd-19, gzip-9), or off (the default). New writes keep using compression, so the file is written at its speed and ends at this codec's density.",
+        background_compression,
+        background_compression,
+        parse_background,
+        |c: &Compression| c.to_string()
+    ),
 ];
+
+/// A fixed codec (`auto` names none: the background has time for the densest) or `off`.
+fn parse_background(text: &str) -> Result<Compression, String> {
+    if text == "auto" {
+        return Err("background_compression takes a fixed codec (e.g. zstd-19) or off, not auto".into());
+    }
+    Compression::parse(text)
+}
 
 /// The names of [`PROPERTIES`], in order.
 pub const SETTABLE: [&str; PROPERTIES.len()] = {
@@ -362,7 +383,7 @@ mod tests {
             assert!(local.is_empty(), "{}", p.name);
             assert!(p.parse_into("no such value", &mut values).is_err(), "{}", p.name);
         }
-        assert_eq!(SETTABLE, ["compression", "recordsize", "min_savings", "checksum", "offload"]);
+        assert_eq!(SETTABLE, ["compression", "recordsize", "min_savings", "checksum", "offload", "background_compression"]);
         let e = property("colour").err().unwrap();
         assert!(e.contains("settable: compression, recordsize, min_savings, checksum, offload"), "{e}");
     }

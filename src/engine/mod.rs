@@ -369,6 +369,11 @@ impl Engine {
         value
     }
 
+    /// The CPU pool's workers (one per core).
+    pub fn cpu_threads(&self) -> usize {
+        self.inner.cpu.threads()
+    }
+
     pub fn stats(&self) -> &Stats {
         &self.inner.stats
     }

@@ -285,7 +285,7 @@ pub fn recompress(paths: &[&Path], recursive: bool, spec: &str) -> (bool, String
 }
 
 /// The daemon's live counters, `user.densefs.engine`.
-fn engine_snapshot(mnt: &Path) -> serde_json::Value {
+pub fn engine_snapshot(mnt: &Path) -> serde_json::Value {
     use std::os::unix::ffi::OsStrExt;
     let path = std::ffi::CString::new(mnt.as_os_str().as_bytes()).unwrap();
     let name = c"user.densefs.engine";

@@ -1,6 +1,6 @@
 //! Size changes (truncate, zero_range) and SEEK_DATA / SEEK_HOLE.
 
-use super::{Container, State};
+use super::{Container, Load, State};
 use crate::core::error::{FsError, FsResult};
 use crate::format::layout::GROUP_RECORDS;
 use std::sync::Arc;
@@ -13,7 +13,7 @@ impl Container {
         if size % layout.record_size() == 0 {
             return Ok(());
         }
-        self.load(layout.plain_off_to_record(size), false) // trims to the size
+        self.load(layout.plain_off_to_record(size), Load::Edit) // trims to the size
     }
 
     pub fn set_size(self: &Arc<Self>, new_size: u64) -> FsResult<()> {
@@ -53,7 +53,7 @@ impl Container {
     /// Caller holds `slot_io` exclusively.
     pub(super) fn discard_from(&self, st: &mut State, first: u64) -> FsResult<()> {
         st.buffers.drop_from(first);
-        st.rewriting.retain(|&r| r < first);
+        st.rewriting.retain(|&r, _| r < first);
         let result = self.store.discard_from(&mut st.store, first);
         self.landed.notify_all();
         result

@@ -1,7 +1,7 @@
 //! Flush, writeback, fsync and recompress: the container's ways of making what is in memory
 //! land, and of making what landed durable.
 
-use super::{Container, State};
+use super::{Container, EncodeWith, Load, State};
 use crate::codec::Setting;
 use crate::core::error::FsResult;
 use crate::engine::RecordPolicy;
@@ -29,7 +29,10 @@ impl Container {
     /// Lands every dirty record; `for_fsync`: with the setting a user's fsync waits for.
     fn land_all(self: &Arc<Self>, for_fsync: bool) -> FsResult<()> {
         let mut st = self.state.lock();
-        let fsync_landing = for_fsync.then(|| st.store.compression.for_fsync(st.buffers.dirty_bytes()));
+        let with = match for_fsync {
+            true => EncodeWith::Fsync(st.store.compression.for_fsync(st.buffers.dirty_bytes())),
+            false => EncodeWith::FileCodec,
+        };
         let mut pending: BTreeSet<u64> = st.buffers.dirty_records().into_iter().chain(st.buffers.in_flight_records()).collect();
         loop {
             if let Some(e) = st.write_error.take() {
@@ -40,7 +43,7 @@ impl Container {
                 break;
             }
             let ready: Vec<u64> = pending.iter().copied().filter(|&r| st.buffers.is_dirty(r)).collect();
-            let sent = self.send(&mut st, &ready, fsync_landing);
+            let sent = self.send(&mut st, &ready, with);
             if sent.is_empty() {
                 // Waits for queued landings too: a record leaves flight only once it landed.
                 self.landed.wait(&mut st);
@@ -169,7 +172,7 @@ impl Container {
         let records = self.layout().plain_size_to_records(self.size());
         self.rewrite(0..records)?;
         self.sync(true)?;
-        self.compact_tail()
+        self.compact_tail(EncodeWith::FileCodec)
     }
 
     /// Re-encodes the given stored records with the file's codec, a group at a time (memory
@@ -187,7 +190,7 @@ impl Container {
                 }
             }
             for &record in &batch {
-                self.load(record, true)?;
+                self.load(record, Load::Rewrite { densify: None })?;
             }
             let jobs = self.prepare(&mut self.state.lock(), &batch);
             self.engine.submit(jobs);
@@ -230,7 +233,9 @@ impl Container {
     /// Formats 4 to 6: the new copies lie past the old ones, freed by the sync; the last ones are
     /// written again into the free space below (a record at a time, at most a group's worth),
     /// and the lower file is cut after them.
-    fn compact_tail(self: &Arc<Self>) -> FsResult<()> {
+    ///
+    /// `with`: what the moved copies are encoded with (the background pass keeps its codec).
+    pub(super) fn compact_tail(self: &Arc<Self>, with: EncodeWith) -> FsResult<()> {
         if self.layout().placed() {
             let tail = {
                 let _io = self.slot_io.read();
@@ -244,7 +249,8 @@ impl Container {
                 if !movable {
                     break;
                 }
-                self.load(record, false)?;
+                self.load(record, Load::Edit)?;
+                self.send_moved(record, with);
                 self.sync(true)?;
             }
             return Ok(());
@@ -258,10 +264,23 @@ impl Container {
         if !in_second_slot {
             return Ok(());
         }
-        self.load(last, false)?;
+        self.load(last, Load::Edit)?;
+        self.send_moved(last, with);
         self.sync(true)?;
         let _io = self.slot_io.write();
         self.store.cut_after_first_slot(&mut self.state.lock().store, last)
+    }
+}
+
+impl Container {
+    /// A record loaded to be written again elsewhere goes to the engine with `with` (the sync
+    /// after it would send it with the file's codec).
+    fn send_moved(self: &Arc<Self>, record: u64, with: EncodeWith) {
+        if matches!(with, EncodeWith::FileCodec) {
+            return;
+        }
+        let sent = self.send(&mut self.state.lock(), &[record], with);
+        self.write_out(sent);
     }
 }
 

@@ -90,4 +90,26 @@ impl InodeTable {
         }
         self.register(parent_fd, &pst, 1)
     }
+
+    /// The node for a regular file the daemon finds on its own (the background pass, after a
+    /// remount): by `path` below the lower root, else by number; with no kernel lookup (the
+    /// caller lets go of it with `forget(id, 0)`). None where neither reaches that very inode
+    /// (deleted, or its number reused: the generation tells where the lower keeps one).
+    pub fn find_file(&self, path: &OsStr, dev: u64, ino: u64, generation: u32) -> Option<Arc<Inode>> {
+        if let Some(inode) = self.find(dev, ino).filter(|i| generation == 0 || i.generation == 0 || i.generation == generation) {
+            return Some(inode);
+        }
+        let root = self.get(ROOT)?.cached_fd()?;
+        let same = |fd: &OwnedFd| {
+            lower::stat_fd(fd.as_raw_fd())
+                .is_ok_and(|st| (st.st_dev, st.st_ino) == (dev, ino) && st.st_mode & libc::S_IFMT == libc::S_IFREG)
+                && (generation == 0 || lower::generation(fd.as_raw_fd()) == generation)
+        };
+        let fd = match lower::open_path(root.as_raw_fd(), path) {
+            Ok(fd) if !path.is_empty() && same(&fd) => fd,
+            _ => self.open_by_number(dev, ino, generation).filter(same)?,
+        };
+        let st = lower::stat_fd(fd.as_raw_fd()).ok()?;
+        self.register(fd, &st, 0).ok()
+    }
 }

@@ -99,6 +99,11 @@ pub struct OpenState {
     /// When a content last wrote the file back and let go of it (`DenseFs::written_back`'s
     /// count then): a lower stat taken before may show what it replaced.
     pub written_back_at: u64,
+    /// The background pass has `content` (opened for it, no handle): a user's open shares it,
+    /// a last close leaves it there, and the pass lets go of it when done.
+    pub background: bool,
+    /// Opens so far (the background pass stops where a user opened the file since it began).
+    pub opens: u64,
 }
 
 impl Inode {

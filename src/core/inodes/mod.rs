@@ -511,7 +511,7 @@ impl InodeTable {
             .into_iter()
             .filter(|inode| {
                 let open = inode.open.lock();
-                open.handles == 0 && open.content.is_some()
+                open.handles == 0 && open.content.is_some() && !open.background
             })
             .collect()
     }

@@ -278,3 +278,16 @@ pub fn nofile_limit() -> io::Result<u64> {
     check(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) })?;
     Ok(lim.rlim_cur)
 }
+
+/// Makes the calling thread run only when nothing else wants its CPU (SCHED_IDLE) and its disk
+/// (the idle I/O class): for background work. Best effort: a kernel that refuses leaves it as it was.
+pub fn run_when_idle() {
+    let param = libc::sched_param { sched_priority: 0 };
+    // SAFETY: pid 0 is the calling thread; the kernel only reads `param`.
+    unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) };
+    const IOPRIO_WHO_PROCESS: libc::c_long = 1;
+    const IOPRIO_CLASS_IDLE: libc::c_long = 3;
+    const IOPRIO_CLASS_SHIFT: libc::c_long = 13;
+    // SAFETY: ioprio_set takes three integers (who 0: the calling thread) and touches no memory.
+    unsafe { libc::syscall(libc::SYS_ioprio_set, IOPRIO_WHO_PROCESS, 0 as libc::c_long, IOPRIO_CLASS_IDLE << IOPRIO_CLASS_SHIFT) };
+}

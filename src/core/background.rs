@@ -1,0 +1,566 @@
+//! Background compression (`background_compression`, as bcachefs names it): a file written with
+//! a fast codec is re-encoded with a dense one once it has been closed and left alone for
+//! `background_delay`, by threads the kernel schedules after everything else (SCHED_IDLE, idle
+//! I/O priority), record by record inside its own container (`Container::densify_record`).
+//!
+//! Which files wait is kept in memory and in a work log in the lower root
+//! (`.densefs.background`, one line per queued file and per file done), so a remount picks up
+//! where the last run left off and a million densified files cost nothing at mount: only the
+//! files still waiting are in the log, which each mount compacts.
+
+use super::container::densify::Densified;
+use super::container::Container;
+use super::inodes::{Content, Inode};
+use super::lower;
+use super::{DenseFs, FsResult};
+use crate::codec::Compression;
+use parking_lot::{Condvar, Mutex};
+use serde_json::{json, Value};
+use std::collections::{HashMap, VecDeque};
+use std::ffi::OsString;
+use std::fs::File;
+use std::io::Write;
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+/// The work log's name in the lower root (hidden like every `.densefs.` name).
+pub const WORK_LOG: &str = ".densefs.background";
+/// The log is rewritten from the queue once it holds this many lines more than twice the queue.
+const COMPACT_SLACK: u64 = 4096;
+/// The pass syncs a file (freeing the old copies) after re-encoding this many bytes of it.
+const SYNC_EVERY_BYTES: u64 = 32 << 20;
+
+/// A lower file, as the work log names it.
+type Key = (u64, u64);
+
+/// A file waiting for its pass.
+#[derive(Clone, Debug)]
+struct Waiting {
+    generation: u32,
+    /// Below the lower root, as it was when queued (after a remount the file is found by it, or
+    /// by number where the lower allows).
+    path: OsString,
+    target: Compression,
+    /// Its size when queued (what `densefs get` shows as waiting).
+    bytes: u64,
+    due: Instant,
+}
+
+#[derive(Default)]
+struct Queue {
+    /// Keys in the order they come due (a key queued again is found here twice; only the entry
+    /// whose time matches `files` counts).
+    order: VecDeque<(Instant, Key)>,
+    files: HashMap<Key, Waiting>,
+    log: Option<File>,
+    log_lines: u64,
+}
+
+/// Counters shown by `densefs get`, `iostat` and the metrics.
+#[derive(Default)]
+struct Counters {
+    files_done: AtomicU64,
+    records: AtomicU64,
+    /// Logical bytes of the records re-encoded.
+    bytes_in: AtomicU64,
+    /// Encoded bytes of the new copies (kept or not).
+    bytes_out: AtomicU64,
+    /// Bytes the lower files took before and after their passes.
+    stored_before: AtomicU64,
+    stored_after: AtomicU64,
+    /// Passes put off because the file was open.
+    postponed: AtomicU64,
+    failed: AtomicU64,
+}
+
+pub struct Background {
+    delay: Duration,
+    queue: Mutex<Queue>,
+    wake: Condvar,
+    counters: Counters,
+    /// Encoded bytes of records the engine compressed for the pass (accelerators).
+    submitted_out: Arc<AtomicU64>,
+    stop: AtomicBool,
+    /// Held by the pass for the file it works on (`stop` waits for it).
+    busy: Mutex<()>,
+}
+
+impl Background {
+    pub fn new(delay: Duration) -> Background {
+        Background {
+            delay,
+            queue: Mutex::new(Queue::default()),
+            wake: Condvar::new(),
+            counters: Counters::default(),
+            submitted_out: Arc::new(AtomicU64::new(0)),
+            stop: AtomicBool::new(false),
+            busy: Mutex::new(()),
+        }
+    }
+
+    fn log_line(q: &mut Queue, line: String) {
+        if let Some(log) = &mut q.log {
+            if let Err(e) = log.write_all(line.as_bytes()) {
+                tracing::warn!("background compression's work log: {e}; the files waiting now are remembered until unmount only");
+                q.log = None;
+            }
+            q.log_lines += 1;
+        }
+    }
+
+    fn queue(&self, key: Key, waiting: Waiting, log: bool) {
+        let mut q = self.queue.lock();
+        if log {
+            let line = format!("+ {} {} {} {}\n", key.1, waiting.generation, waiting.target, hex(waiting.path.as_bytes()));
+            Self::log_line(&mut q, line);
+        }
+        q.order.push_back((waiting.due, key));
+        q.files.insert(key, waiting);
+        drop(q);
+        self.wake.notify_one();
+    }
+
+    /// `key` is done (or gone): out of the queue and the log.
+    fn done(&self, key: Key, generation: u32) {
+        let mut q = self.queue.lock();
+        q.files.remove(&key);
+        Self::log_line(&mut q, format!("- {} {generation}\n", key.1));
+    }
+
+    /// The next file whose time has come, waiting up to a second for one.
+    fn next_due(&self) -> Option<(Key, Waiting)> {
+        let mut q = self.queue.lock();
+        let deadline = Instant::now() + Duration::from_secs(1);
+        loop {
+            if self.stop.load(Ordering::Relaxed) {
+                return None;
+            }
+            let now = Instant::now();
+            match q.order.front().copied() {
+                Some((due, key)) if due <= now => {
+                    q.order.pop_front();
+                    match q.files.get(&key) {
+                        Some(w) if w.due == due => return Some((key, w.clone())),
+                        _ => continue, // queued again since: a later entry stands for it
+                    }
+                }
+                Some((due, _)) => {
+                    let until = due.min(deadline);
+                    if until <= now || self.wake.wait_until(&mut q, until).timed_out() && Instant::now() >= deadline {
+                        return None;
+                    }
+                }
+                None => {
+                    if self.wake.wait_until(&mut q, deadline).timed_out() {
+                        return None;
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl DenseFs {
+    /// A file written since it was opened has just been closed: where its directory asks for
+    /// background compression, it is re-encoded once left alone for `background_delay`.
+    pub(super) fn queue_background(&self, inode: &Inode, c: &Container) {
+        let Some(background) = self.background.get() else { return };
+        let parent = self.inodes.parent_of(inode.nodeid).unwrap_or(super::ROOT);
+        let target = self.settings_in(parent).background_compression;
+        if target == Compression::OFF || c.compression() == crate::codec::Setting::Fixed(target) {
+            return;
+        }
+        let path = inode
+            .cached_fd()
+            .and_then(|fd| std::fs::read_link(lower::proc_path(std::os::fd::AsRawFd::as_raw_fd(&*fd)).to_str().ok()?).ok())
+            .and_then(|p| p.strip_prefix(&self.lower_root).ok().map(|p| p.as_os_str().to_os_string()))
+            .unwrap_or_default();
+        let waiting = Waiting { generation: inode.generation, path, target, bytes: c.size(), due: Instant::now() + background.delay };
+        background.queue(inode.lower_id(), waiting, true);
+    }
+
+    /// Starts the background pass (a writable mount): reads and compacts the work log the last
+    /// run left, queues what it names, and starts the thread.
+    pub fn start_background(self: &Arc<Self>) {
+        let background = Arc::new(Background::new(self.options.background_delay));
+        if self.background.set(background.clone()).is_err() {
+            return;
+        }
+        let root = match self.inode(super::ROOT) {
+            Ok(root) => root,
+            Err(e) => return tracing::warn!("background compression: {e}"),
+        };
+        let (dev, _) = root.lower_id();
+        let left = read_work_log(root.raw_fd());
+        let mut q = background.queue.lock();
+        let due = Instant::now() + background.delay;
+        for (ino, (generation, target, path)) in &left {
+            q.order.push_back((due, (dev, *ino)));
+            q.files.insert((dev, *ino), Waiting { generation: *generation, path: path.clone(), target: *target, bytes: 0, due });
+        }
+        q.log = rewrite_work_log(root.raw_fd(), &q.files);
+        q.log_lines = q.files.len() as u64;
+        drop(q);
+        if !left.is_empty() {
+            tracing::info!("background compression: {} files left waiting by the last run", left.len());
+        }
+        let weak = Arc::downgrade(self);
+        let spawned = std::thread::Builder::new().name("densefs-background".into()).spawn(move || {
+            lower::run_when_idle();
+            background_loop(weak, background);
+        });
+        if let Err(e) = spawned {
+            tracing::error!("background compression: cannot start its thread: {e}");
+        }
+    }
+
+    /// Stops the background pass (unmount): the file it is working on is left between two
+    /// records, each whole; what is still waiting stays in the work log for the next mount.
+    pub fn stop_background(&self) {
+        if let Some(background) = self.background.get() {
+            background.stop.store(true, Ordering::Relaxed);
+            background.wake.notify_all();
+            drop(background.busy.lock());
+        }
+    }
+
+    /// `background` in `user.densefs.engine`: files and bytes waiting, and what was done.
+    pub(super) fn background_snapshot(&self) -> Value {
+        let Some(b) = self.background.get() else { return json!({"enabled": false}) };
+        let (files, bytes) = {
+            let q = b.queue.lock();
+            (q.files.len(), q.files.values().map(|w| w.bytes).sum::<u64>())
+        };
+        let c = &b.counters;
+        let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        json!({
+            "enabled": true,
+            "delay_seconds": b.delay.as_secs_f64(),
+            "waiting_files": files,
+            "waiting_bytes": bytes,
+            "files_done": load(&c.files_done),
+            "records": load(&c.records),
+            "bytes_in": load(&c.bytes_in),
+            "bytes_out": load(&c.bytes_out) + load(&b.submitted_out),
+            "stored_before": load(&c.stored_before),
+            "stored_after": load(&c.stored_after),
+            "postponed": load(&c.postponed),
+            "failed": load(&c.failed),
+        })
+    }
+
+    /// One file's pass. Returns whether it should be tried again later.
+    fn densify(&self, background: &Background, key: Key, waiting: &Waiting) -> Retry {
+        let Some(inode) = self.inodes.find_file(&waiting.path, key.0, key.1, waiting.generation) else {
+            return Retry::Gone;
+        };
+        let result = self.densify_inode(background, &inode, waiting.target);
+        // A node the pass registered (no kernel lookup) goes again unless the kernel found it meanwhile.
+        self.inodes.forget(inode.nodeid, 0);
+        result
+    }
+
+    fn densify_inode(&self, background: &Background, inode: &Arc<Inode>, target: Compression) -> Retry {
+        let node = match self.inode(inode.nodeid) {
+            Ok(node) => node,
+            Err(_) => return Retry::Gone,
+        };
+        let (c, opens) = {
+            let mut open = node.open.lock();
+            if open.handles > 0 || open.content.is_some() {
+                return Retry::Later; // open (or data a failed close left in memory)
+            }
+            match self.load_content(&node, true, None) {
+                Ok(Content::Container(c)) => {
+                    open.content = Some(Content::Container(c.clone()));
+                    open.background = true;
+                    (c, open.opens)
+                }
+                Ok(Content::Plain(_)) => return Retry::Gone,
+                Err(e) => {
+                    tracing::warn!(file = %self.label(&node), "background compression cannot open the file: {e}");
+                    return Retry::Failed;
+                }
+            }
+        };
+        let before = stored_bytes(&c);
+        let left_alone = || {
+            let open = node.open.lock();
+            open.opens == opens && !node.is_retired() && !background.stop.load(Ordering::Relaxed)
+        };
+        let outcome = self.densify_records(background, &c, target, &left_alone);
+        let finished = outcome.as_ref().is_ok_and(|&done| done) && left_alone();
+        let result = if finished { c.finish_densify(target) } else { Ok(()) };
+        let mut open = node.open.lock();
+        open.background = false;
+        let mine = open.content.as_ref().is_some_and(|k| matches!(k, Content::Container(k) if Arc::ptr_eq(k, &c)));
+        if let Err(e) = outcome.and(result) {
+            tracing::warn!(file = %self.label(&node), "background compression: {e}; tried again later");
+            // Whatever it left in memory is what the lower holds: retried like a failed close.
+            return Retry::Failed;
+        }
+        if mine && open.handles == 0 {
+            open.content = None;
+            if c.take_lower_changed() {
+                self.lower_changed(inode, &mut open);
+            } else {
+                self.note_written_back(&mut open);
+            }
+        }
+        drop(open);
+        if !finished {
+            return if background.stop.load(Ordering::Relaxed) { Retry::Stopped } else { Retry::Later };
+        }
+        self.record_size_hint(&c);
+        let after = stored_bytes(&c);
+        background.counters.stored_before.fetch_add(before, Ordering::Relaxed);
+        background.counters.stored_after.fetch_add(after, Ordering::Relaxed);
+        background.counters.files_done.fetch_add(1, Ordering::Relaxed);
+        tracing::debug!(file = %self.label(&node), before, after, "densified with {target}");
+        Retry::Done
+    }
+
+    /// Re-encodes every record of `c` that is not in `target` yet, on this thread and helpers
+    /// on the other cores (all scheduled only when nothing else runs). Ok(false): stopped
+    /// because the file was opened (or the mount is going).
+    fn densify_records(
+        &self,
+        background: &Background,
+        c: &Arc<Container>,
+        target: Compression,
+        left_alone: &(dyn Fn() -> bool + Sync),
+    ) -> FsResult<bool> {
+        let records = c.record_count();
+        let per_sync = (SYNC_EVERY_BYTES / c.layout().record_size()).max(1);
+        let stopped = AtomicBool::new(false);
+        let mut first = 0;
+        while first < records && !stopped.load(Ordering::Relaxed) {
+            let end = records.min(first + per_sync);
+            self.densify_range(background, c, target, first..end, left_alone, &stopped)?;
+            // The old copies are freed as it goes: the lower file never holds both encodings of
+            // more than this much.
+            c.sync(true)?;
+            first = end;
+        }
+        Ok(!stopped.load(Ordering::Relaxed))
+    }
+
+    /// `densify_records` over `range`, on this thread and helpers.
+    fn densify_range(
+        &self,
+        background: &Background,
+        c: &Arc<Container>,
+        target: Compression,
+        range: std::ops::Range<u64>,
+        left_alone: &(dyn Fn() -> bool + Sync),
+        stopped: &AtomicBool,
+    ) -> FsResult<()> {
+        let records = range.end;
+        let next = AtomicU64::new(range.start);
+        let work = || -> FsResult<()> {
+            loop {
+                let record = next.fetch_add(1, Ordering::Relaxed);
+                if record >= records || stopped.load(Ordering::Relaxed) {
+                    return Ok(());
+                }
+                if !left_alone() {
+                    stopped.store(true, Ordering::Relaxed);
+                    return Ok(());
+                }
+                let counters = &background.counters;
+                match c.densify_record(record, target, &background.submitted_out)? {
+                    Densified::Skipped => continue,
+                    Densified::Submitted { logical } => {
+                        counters.bytes_in.fetch_add(logical, Ordering::Relaxed);
+                    }
+                    Densified::Landed { logical, encoded } => {
+                        counters.bytes_in.fetch_add(logical, Ordering::Relaxed);
+                        counters.bytes_out.fetch_add(encoded, Ordering::Relaxed);
+                    }
+                }
+                counters.records.fetch_add(1, Ordering::Relaxed);
+            }
+        };
+        let count = range.end - range.start;
+        let helpers = if count > 1 { self.engine.cpu_threads().saturating_sub(1).min(count as usize - 1) } else { 0 };
+        let results: Vec<FsResult<()>> = std::thread::scope(|s| {
+            let spawned: Vec<_> = (0..helpers)
+                .map(|_| {
+                    s.spawn(|| {
+                        lower::run_when_idle();
+                        work()
+                    })
+                })
+                .collect();
+            let mut results = vec![work()];
+            results.extend(spawned.into_iter().map(|h| h.join().expect("background helper panicked")));
+            results
+        });
+        results.into_iter().collect::<FsResult<Vec<()>>>()?;
+        Ok(())
+    }
+}
+
+/// What became of a file's pass.
+enum Retry {
+    Done,
+    /// Deleted, replaced, or not a container: dropped from the queue.
+    Gone,
+    /// Open, or opened during the pass: queued again for after the delay.
+    Later,
+    /// An error (logged): queued again for after the delay.
+    Failed,
+    /// The mount is going: stays in the work log.
+    Stopped,
+}
+
+fn background_loop(fs: Weak<DenseFs>, background: Arc<Background>) {
+    loop {
+        if background.stop.load(Ordering::Relaxed) {
+            return;
+        }
+        let Some((key, waiting)) = background.next_due() else {
+            if fs.strong_count() == 0 {
+                return;
+            }
+            continue;
+        };
+        let Some(fs) = fs.upgrade() else { return };
+        let _busy = background.busy.lock();
+        if background.stop.load(Ordering::Relaxed) {
+            return;
+        }
+        match fs.densify(&background, key, &waiting) {
+            Retry::Done | Retry::Gone => background.done(key, waiting.generation),
+            Retry::Stopped => {}
+            retry @ (Retry::Later | Retry::Failed) => {
+                let counter = if matches!(retry, Retry::Later) { &background.counters.postponed } else { &background.counters.failed };
+                counter.fetch_add(1, Ordering::Relaxed);
+                let again = Waiting { due: Instant::now() + background.delay, ..waiting };
+                // Still in the log from its first line: no new one.
+                let mut q = background.queue.lock();
+                if q.files.get(&key).is_some_and(|w| w.due > again.due) {
+                    continue; // closed again meanwhile: that entry stands
+                }
+                q.order.push_back((again.due, key));
+                q.files.insert(key, again);
+            }
+        }
+        compact_if_large(&fs, &background);
+    }
+}
+
+/// The lower file's allocated bytes.
+fn stored_bytes(c: &Container) -> u64 {
+    c.lower_file().metadata().map(|m| std::os::unix::fs::MetadataExt::blocks(&m) * 512).unwrap_or(0)
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn unhex(text: &str) -> Option<Vec<u8>> {
+    if text.len() % 2 != 0 {
+        return None;
+    }
+    (0..text.len()).step_by(2).map(|i| u8::from_str_radix(&text[i..i + 2], 16).ok()).collect()
+}
+
+/// The files a work log names as waiting: (inode number → generation, codec, path).
+fn parse_work_log(text: &str) -> HashMap<u64, (u32, Compression, OsString)> {
+    let mut waiting = HashMap::new();
+    for line in text.lines() {
+        let fields: Vec<&str> = line.split(' ').collect();
+        match fields.as_slice() {
+            ["+", ino, generation, target, path] => {
+                let (Ok(ino), Ok(generation), Ok(target), Some(path)) =
+                    (ino.parse(), generation.parse(), Compression::parse(target), unhex(path))
+                else {
+                    continue;
+                };
+                waiting.insert(ino, (generation, target, OsString::from_vec(path)));
+            }
+            ["-", ino, generation] => {
+                if let (Ok(ino), Ok(generation)) = (ino.parse::<u64>(), generation.parse::<u32>()) {
+                    if waiting.get(&ino).is_some_and(|(g, _, _)| *g == generation) {
+                        waiting.remove(&ino);
+                    }
+                }
+            }
+            // A line a crash cut short, or from a later version: skipped.
+            _ => {}
+        }
+    }
+    waiting
+}
+
+fn read_work_log(root: std::os::fd::RawFd) -> HashMap<u64, (u32, Compression, OsString)> {
+    let path = Path::new("/proc/self/fd").join(root.to_string()).join(WORK_LOG);
+    match std::fs::read_to_string(&path) {
+        Ok(text) => parse_work_log(&text),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => HashMap::new(),
+        Err(e) => {
+            tracing::warn!("background compression: cannot read its work log {WORK_LOG}: {e}");
+            HashMap::new()
+        }
+    }
+}
+
+/// Writes the log anew with the files waiting (a new file renamed over the old), and returns
+/// it open for appending; None (logged) where the lower refuses.
+fn rewrite_work_log(root: std::os::fd::RawFd, files: &HashMap<Key, Waiting>) -> Option<File> {
+    let dir = Path::new("/proc/self/fd").join(root.to_string());
+    let tmp = dir.join(format!("{WORK_LOG}.tmp"));
+    let write = || -> std::io::Result<File> {
+        let mut text = String::new();
+        for (key, w) in files {
+            text.push_str(&format!("+ {} {} {} {}\n", key.1, w.generation, w.target, hex(w.path.as_bytes())));
+        }
+        std::fs::write(&tmp, text)?;
+        std::fs::rename(&tmp, dir.join(WORK_LOG))?;
+        std::fs::OpenOptions::new().append(true).open(dir.join(WORK_LOG))
+    };
+    match write() {
+        Ok(file) => Some(file),
+        Err(e) => {
+            tracing::warn!("background compression: cannot write its work log {WORK_LOG} in the lower root ({e}); files waiting are remembered until unmount only");
+            None
+        }
+    }
+}
+
+fn compact_if_large(fs: &DenseFs, background: &Background) {
+    let mut q = background.queue.lock();
+    if q.log.is_none() || q.log_lines < 2 * q.files.len() as u64 + COMPACT_SLACK {
+        return;
+    }
+    let Ok(root) = fs.inode(super::ROOT) else { return };
+    q.log = rewrite_work_log(root.raw_fd(), &q.files);
+    q.log_lines = q.files.len() as u64;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::ffi::OsStr;
+
+    #[test]
+    fn the_work_log_keeps_what_was_queued_and_not_done() {
+        let text = format!(
+            "+ 12 7 zstd-19 {}\n+ 13 1 gzip-9 {}\n- 12 7\n+ 14 0 zstd-3 {}\n- 14 9\n+ 15 2 zstd-19 6",
+            hex(b"a/b c"),
+            hex("d/\u{e9}\n".as_bytes()),
+            hex(b"e")
+        );
+        let waiting = parse_work_log(&text);
+        let mut inos: Vec<u64> = waiting.keys().copied().collect();
+        inos.sort();
+        // 12 done; 14's done line names another generation (a reused number); 15 is cut short.
+        assert_eq!(inos, vec![13, 14]);
+        assert_eq!(waiting[&13].2, OsStr::new("d/\u{e9}\n"));
+        assert_eq!(waiting[&13].1.to_string(), "gzip-9");
+    }
+}
