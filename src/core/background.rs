@@ -31,7 +31,7 @@ pub const WORK_LOG: &str = ".densefs.background";
 /// The log is rewritten from the queue once it holds this many lines more than twice the queue.
 const COMPACT_SLACK: u64 = 4096;
 /// The pass syncs a file (freeing the old copies) after re-encoding this many bytes of it.
-const SYNC_EVERY_BYTES: u64 = 32 << 20;
+const SYNC_EVERY_BYTES: u64 = 128 << 20;
 
 /// A lower file, as the work log names it.
 type Key = (u64, u64);
@@ -123,9 +123,13 @@ impl Background {
         self.wake.notify_one();
     }
 
-    /// `key` is done (or gone): out of the queue and the log.
-    fn done(&self, key: Key, generation: u32) {
+    /// `key`'s pass for the entry due at `due` is done (or the file is gone): out of the queue
+    /// and the log, unless the file was closed again meanwhile (that later entry stands).
+    fn done(&self, key: Key, generation: u32, due: Instant) {
         let mut q = self.queue.lock();
+        if q.files.get(&key).is_some_and(|w| w.due != due) {
+            return;
+        }
         q.files.remove(&key);
         Self::log_line(&mut q, format!("- {} {generation}\n", key.1));
     }
@@ -385,7 +389,7 @@ impl DenseFs {
             }
         };
         let count = range.end - range.start;
-        let helpers = if count > 1 { self.engine.cpu_threads().saturating_sub(1).min(count as usize - 1) } else { 0 };
+        let helpers = if count > 1 { self.engine.cpu_threads().min(count as usize - 1) } else { 0 };
         let results: Vec<FsResult<()>> = std::thread::scope(|s| {
             let spawned: Vec<_> = (0..helpers)
                 .map(|_| {
@@ -434,7 +438,7 @@ fn background_loop(fs: Weak<DenseFs>, background: Arc<Background>) {
             return;
         }
         match fs.densify(&background, key, &waiting) {
-            Retry::Done | Retry::Gone => background.done(key, waiting.generation),
+            Retry::Done | Retry::Gone => background.done(key, waiting.generation, waiting.due),
             Retry::Stopped => {}
             retry @ (Retry::Later | Retry::Failed) => {
                 let counter = if matches!(retry, Retry::Later) { &background.counters.postponed } else { &background.counters.failed };

@@ -904,8 +904,14 @@ impl Container {
             }
         });
         if let Err(e) = outcome {
-            // Keep the data: a later flush retries once the cause (say, a full disk) is gone.
-            st.buffers.requeue_inflight(record);
+            if only_if_smaller {
+                // A rewrite (recompress, an interim record, a background pass): the copy it
+                // would have replaced is still there, so there is nothing to keep.
+                st.buffers.take_inflight(record);
+            } else {
+                // Keep the data: a later flush retries once the cause (say, a full disk) is gone.
+                st.buffers.requeue_inflight(record);
+            }
             error!(file = %self.store.label(), record, "cannot write record: {e}");
             if matches!(e.errno, libc::ENOSPC | libc::EDQUOT) {
                 self.memory.admission().landing_found_no_room();
