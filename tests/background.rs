@@ -233,6 +233,28 @@ fn a_full_lower_fails_the_pass_quietly_and_it_is_retried() {
 }
 
 #[test]
+fn a_mount_remounted_read_only_writes_nothing_until_it_is_writable_again() {
+    let d = Dirs::new();
+    // Long enough a delay to remount before the pass can begin.
+    let m = Mount::new(&d.lower, &d.mnt, "compression=lz4,background_compression=gzip-1,background_delay=5");
+    let data = compressible(2 << 20, 41);
+    std::fs::write(m.path("f"), &data).unwrap();
+    wait_long("f waiting", 30, || background(&d.mnt)["waiting_files"] == 1);
+    let remount = |how: &str| {
+        let ok = Command::new("mount").args(["-o", &format!("remount,{how}")]).arg(&d.mnt).status().unwrap();
+        assert!(ok.success(), "remount,{how}");
+    };
+    remount("ro");
+    let lower_before = std::fs::read(d.lower.join("f")).unwrap();
+    wait_long("a pass put off while read-only", WAIT, || background(&d.mnt)["postponed"].as_u64().unwrap() >= 1);
+    assert!(std::fs::read(d.lower.join("f")).unwrap() == lower_before, "a read-only mount's lower file changed");
+    remount("rw");
+    wait_long("f in gzip-1 once writable", WAIT, || all_in(&m.path("f"), "gzip-1"));
+    assert!(std::fs::read(m.path("f")).unwrap() == data);
+    m.unmount();
+}
+
+#[test]
 fn bad_values_are_refused() {
     let d = Dirs::new();
     for options in ["background_compression=auto", "background_compression=zstd-99", "background_delay=soon", "background_delay=100000"] {

@@ -272,7 +272,12 @@ pub(super) fn serve(
     // the last run left it, and its hints trusted).
     fs.begin_run(!config.read_only());
     if !config.read_only() {
-        fs.start_background();
+        let at = mountpoint.to_path_buf();
+        // Remounted read-only (`mount -o remount,ro`): the kernel's flag, which the daemon reads
+        // from mountinfo (a statfs of its own mount point would be a request to itself).
+        fs.start_background(Box::new(move || {
+            super::mountinfo::densefs_mount_at(&at).is_none_or(|m| !m.mount_options.split(',').any(|o| o == "ro"))
+        }));
     }
     // "mounted" (the log line, the parent's "ok") once every thread serves, so that whoever
     // waits for it finds the daemon as it runs (its threads, its rings), not only the mount.

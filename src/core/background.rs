@@ -32,6 +32,10 @@ pub const WORK_LOG: &str = ".densefs.background";
 const COMPACT_SLACK: u64 = 4096;
 /// The pass syncs a file (freeing the old copies) after re-encoding this many bytes of it.
 const SYNC_EVERY_BYTES: u64 = 128 << 20;
+/// A pass goes on only once users' reads and writes have paused this long.
+const USER_QUIET: Duration = Duration::from_millis(100);
+/// How long a pass's thread waits before looking again while users are busy.
+const YIELD_WAIT: Duration = Duration::from_millis(20);
 
 /// A lower file, as the work log names it.
 type Key = (u64, u64);
@@ -74,10 +78,16 @@ struct Counters {
     /// Passes put off because the file was open.
     postponed: AtomicU64,
     failed: AtomicU64,
+    /// Times a pass's thread waited for users' writes to land first.
+    yielded: AtomicU64,
 }
+
+/// Whether the mount takes writes now (`mount -o remount,ro` changes it behind the daemon).
+pub type Writable = Box<dyn Fn() -> bool + Send + Sync>;
 
 pub struct Background {
     delay: Duration,
+    writable: Writable,
     queue: Mutex<Queue>,
     wake: Condvar,
     counters: Counters,
@@ -86,18 +96,24 @@ pub struct Background {
     stop: AtomicBool,
     /// Held by the pass for the file it works on (`stop` waits for it).
     busy: Mutex<()>,
+    /// When a user last read or wrote (milliseconds after `epoch`).
+    last_user_io: AtomicU64,
+    epoch: Instant,
 }
 
 impl Background {
-    pub fn new(delay: Duration) -> Background {
+    pub fn new(delay: Duration, writable: Writable) -> Background {
         Background {
             delay,
+            writable,
             queue: Mutex::new(Queue::default()),
             wake: Condvar::new(),
             counters: Counters::default(),
             submitted_out: Arc::new(AtomicU64::new(0)),
             stop: AtomicBool::new(false),
             busy: Mutex::new(()),
+            last_user_io: AtomicU64::new(0),
+            epoch: Instant::now(),
         }
     }
 
@@ -168,6 +184,13 @@ impl Background {
 }
 
 impl DenseFs {
+    /// A user's READ or WRITE came: a pass waits until they have been quiet a moment.
+    pub(super) fn user_io(&self) {
+        if let Some(b) = self.background.get() {
+            b.last_user_io.store(b.epoch.elapsed().as_millis() as u64, Ordering::Relaxed);
+        }
+    }
+
     /// A file written since it was opened has just been closed: where its directory asks for
     /// background compression, it is re-encoded once left alone for `background_delay`.
     pub(super) fn queue_background(&self, inode: &Inode, c: &Container) {
@@ -188,8 +211,10 @@ impl DenseFs {
 
     /// Starts the background pass (a writable mount): reads and compacts the work log the last
     /// run left, queues what it names, and starts the thread.
-    pub fn start_background(self: &Arc<Self>) {
-        let background = Arc::new(Background::new(self.options.background_delay));
+    /// `writable`: asked before each file's pass; a mount remounted read-only writes nothing
+    /// (its files wait, and go once it is writable again).
+    pub fn start_background(self: &Arc<Self>, writable: Writable) {
+        let background = Arc::new(Background::new(self.options.background_delay, writable));
         if self.background.set(background.clone()).is_err() {
             return;
         }
@@ -253,11 +278,15 @@ impl DenseFs {
             "stored_after": load(&c.stored_after),
             "postponed": load(&c.postponed),
             "failed": load(&c.failed),
+            "yielded": load(&c.yielded),
         })
     }
 
     /// One file's pass. Returns whether it should be tried again later.
     fn densify(&self, background: &Background, key: Key, waiting: &Waiting) -> Retry {
+        if !(background.writable)() {
+            return Retry::Later;
+        }
         let Some(inode) = self.inodes.find_file(&waiting.path, key.0, key.1, waiting.generation) else {
             return Retry::Gone;
         };
@@ -291,9 +320,20 @@ impl DenseFs {
             }
         };
         let before = stored_bytes(&c);
+        // Whether the mount is writable, asked again at most every 200 ms.
+        let writable = Mutex::new((Instant::now(), true));
         let left_alone = || {
-            let open = node.open.lock();
-            open.opens == opens && !node.is_retired() && !background.stop.load(Ordering::Relaxed)
+            {
+                let open = node.open.lock();
+                if open.opens != opens || node.is_retired() || background.stop.load(Ordering::Relaxed) {
+                    return false;
+                }
+            }
+            let mut w = writable.lock();
+            if w.0.elapsed() > Duration::from_millis(200) {
+                *w = (Instant::now(), (background.writable)());
+            }
+            w.1
         };
         let outcome = self.densify_records(background, &c, target, &left_alone);
         let finished = outcome.as_ref().is_ok_and(|&done| done) && left_alone();
@@ -364,15 +404,33 @@ impl DenseFs {
     ) -> FsResult<()> {
         let records = range.end;
         let next = AtomicU64::new(range.start);
+        let count = range.end - range.start;
+        let threads = if count > 1 { self.engine.cpu_threads().min(count as usize - 1) + 1 } else { 1 };
+        // Users reading or writing lately, data of their writes not landed yet (beyond what the
+        // pass's own threads hold in flight, a record each), or the engine's workers with a
+        // queue: the pass waits (its threads are the kernel's last choice for a CPU, but the
+        // lower disk has no such order for their reads and writes).
+        let own = (threads * c.layout().record_size() as usize) as u64;
+        let foreground_busy = || {
+            let quiet_ms = (background.epoch.elapsed().as_millis() as u64).saturating_sub(background.last_user_io.load(Ordering::Relaxed));
+            quiet_ms < USER_QUIET.as_millis() as u64 || self.memory.admission().unlanded() > own || self.engine.cpu_queued() > 0
+        };
         let work = || -> FsResult<()> {
             loop {
                 let record = next.fetch_add(1, Ordering::Relaxed);
                 if record >= records || stopped.load(Ordering::Relaxed) {
                     return Ok(());
                 }
-                if !left_alone() {
-                    stopped.store(true, Ordering::Relaxed);
-                    return Ok(());
+                loop {
+                    if !left_alone() {
+                        stopped.store(true, Ordering::Relaxed);
+                        return Ok(());
+                    }
+                    if !foreground_busy() {
+                        break;
+                    }
+                    background.counters.yielded.fetch_add(1, Ordering::Relaxed);
+                    std::thread::sleep(YIELD_WAIT);
                 }
                 let counters = &background.counters;
                 match c.densify_record(record, target, &background.submitted_out)? {
@@ -388,8 +446,7 @@ impl DenseFs {
                 counters.records.fetch_add(1, Ordering::Relaxed);
             }
         };
-        let count = range.end - range.start;
-        let helpers = if count > 1 { self.engine.cpu_threads().min(count as usize - 1) } else { 0 };
+        let helpers = threads - 1;
         let results: Vec<FsResult<()>> = std::thread::scope(|s| {
             let spawned: Vec<_> = (0..helpers)
                 .map(|_| {

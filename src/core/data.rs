@@ -296,6 +296,7 @@ impl DenseFs {
 
     pub fn read(&self, fh: u64, offset: u64, size: u32) -> FsResult<ReadBytes> {
         let handle = self.handle(fh)?;
+        self.user_io();
         // strictatime: every read; relatime: the first of each open may (atime.rs).
         if self.atime.mode() == Atime::Strict || !handle.atime_moved.swap(true, Ordering::Relaxed) {
             self.atime.read(handle.content.file().as_raw_fd(), handle.inode.lower_id().0);
@@ -317,6 +318,7 @@ impl DenseFs {
     /// removes capabilities itself).
     pub fn write(&self, fh: u64, offset: u64, data: &[u8], changer: Changer) -> FsResult<usize> {
         let handle = self.handle(fh)?;
+        self.user_io();
         let Handle { inode, content, .. } = &*handle;
         let killed = changer.fsetid == Some(false) && self.kill_privileges(&self.inode(inode.nodeid)?, &changer)?;
         let written = match content {

@@ -374,6 +374,11 @@ impl Engine {
         self.inner.cpu.threads()
     }
 
+    /// Tasks waiting for a CPU worker now.
+    pub fn cpu_queued(&self) -> usize {
+        self.inner.cpu.waiting()
+    }
+
     pub fn stats(&self) -> &Stats {
         &self.inner.stats
     }
