@@ -306,6 +306,10 @@ impl DenseFs {
             if open.handles > 0 || open.content.is_some() {
                 return Retry::Later; // open (or data a failed close left in memory)
             }
+            // Emptied since (a writable load would make an empty file a container).
+            if lower::stat_fd(node.raw_fd()).is_ok_and(|st| st.st_size == 0) {
+                return Retry::Gone;
+            }
             match self.load_content(&node, true, None) {
                 Ok(Content::Container(c)) => {
                     open.content = Some(Content::Container(c.clone()));
