@@ -6,7 +6,7 @@ use crate::core::{Attr, Caller, DenseFs, FsError, Kind};
 use fuser::{
     Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags, KernelConfig, LockOwner, OpenFlags,
     RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyLseek, ReplyOpen,
-    ReplyStatfs, ReplyWrite, ReplyXattr, Request, SetXattrFlags, TimeOrNow, WriteFlags,
+    ReplyStatfs, ReplyStatx, ReplyWrite, ReplyXattr, Request, SetXattrFlags, TimeOrNow, WriteFlags,
 };
 use std::ffi::OsStr;
 use std::path::Path;
@@ -243,6 +243,14 @@ impl Filesystem for FuseAdapter {
         match self.fs.getattr(ino.0) {
             Ok(attr) => reply.attr(&self.ttl, &fuse_attr(&attr)),
             Err(e) => reply.error(errno("getattr", e)),
+        }
+    }
+
+    /// `stat` asking for the birth time (FUSE_STATX): the lower inode's.
+    fn statx(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, _mask: u32, reply: ReplyStatx) {
+        match self.fs.statx(ino.0) {
+            Ok((attr, btime)) => reply.statx(&self.ttl, &fuse_attr(&attr), btime),
+            Err(e) => reply.error(errno("statx", e)),
         }
     }
 

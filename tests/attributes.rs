@@ -72,3 +72,45 @@ fn st_blksize_changes_only_with_the_file() {
     assert!(wrong.is_empty(), "st_blksize of an empty file {lower_blksize}, else 65536; wrong after: {wrong:?} (all: {got:?})");
     m.take().unwrap().unmount();
 }
+
+/// Birth time (`stat`'s "Birth:", statx's STATX_BTIME) is the lower inode's, through FUSE_STATX,
+/// for files, directories and symlinks, old and new, and before and after a remount; a caller
+/// that asks for the basic attributes only costs no STATX.
+#[test]
+fn birth_time_is_the_lower_inodes() {
+    let d = Dirs::new();
+    fs::write(d.lower.join("old"), b"before densefs").unwrap();
+    fs::create_dir(d.lower.join("dir")).unwrap();
+    std::os::unix::fs::symlink("old", d.lower.join("link")).unwrap();
+    let Some(lower_birth) = birth(&d.lower.join("old")) else {
+        eprintln!("SKIP: the lower file system keeps no birth time");
+        return;
+    };
+    assert!(lower_birth > 0);
+    let m = Mount::new(&d.lower, &d.mnt, "");
+    fs::write(m.path("new"), b"through densefs").unwrap();
+    let check = |mnt: &Path| {
+        for name in ["old", "dir", "link", "new"] {
+            assert_eq!(birth(&mnt.join(name)), birth(&d.lower.join(name)), "{name}");
+        }
+    };
+    check(&d.mnt);
+    assert!(common::requests(&d.mnt, "statx") >= 1, "no STATX reached the daemon");
+    m.unmount();
+    let m = Mount::new(&d.lower, &d.mnt, "");
+    check(&d.mnt);
+    m.unmount();
+}
+
+/// A path's birth time in nanoseconds (statx, not following a symlink), if its file system
+/// keeps one.
+fn birth(path: &Path) -> Option<i128> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).unwrap();
+    // SAFETY: `statx` is a plain C struct of integers; all zeros is a valid value.
+    let mut sx: libc::statx = unsafe { std::mem::zeroed() };
+    // SAFETY: `c` is NUL-terminated; statx writes only into `sx`.
+    let r = unsafe { libc::statx(libc::AT_FDCWD, c.as_ptr(), libc::AT_SYMLINK_NOFOLLOW, libc::STATX_BTIME, &mut sx) };
+    assert_eq!(r, 0, "statx {}: {}", path.display(), std::io::Error::last_os_error());
+    (sx.stx_mask & libc::STATX_BTIME != 0).then(|| sx.stx_btime.tv_sec as i128 * 1_000_000_000 + sx.stx_btime.tv_nsec as i128)
+}

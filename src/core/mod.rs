@@ -524,6 +524,13 @@ impl DenseFs {
         self.attr_of(&self.inode(nodeid)?)
     }
 
+    /// The attributes and the lower inode's birth time, where its file system keeps one.
+    pub fn statx(&self, nodeid: u64) -> FsResult<(Attr, Option<SystemTime>)> {
+        let inode = self.inode(nodeid)?;
+        let attr = self.attr_of(&inode)?;
+        Ok((attr, lower::birth_time(inode.raw_fd()).map(|(sec, nsec)| time(sec, nsec as i64))))
+    }
+
     pub fn forget(&self, nodeid: u64, n: u64) {
         self.inodes.forget(nodeid, n);
     }

@@ -241,6 +241,16 @@ pub fn stat_fd(fd: RawFd) -> io::Result<libc::stat> {
     Ok(st)
 }
 
+/// The birth time of the inode `fd` reaches (statx's STATX_BTIME, not following a symlink),
+/// where its file system keeps one (ext4, xfs, btrfs; tmpfs since 5.x).
+pub fn birth_time(fd: RawFd) -> Option<(i64, u32)> {
+    // SAFETY: `statx` is a plain C struct of integers; all zeros is a valid value.
+    let mut sx: libc::statx = unsafe { std::mem::zeroed() };
+    // SAFETY: the empty path is a NUL-terminated static string; statx writes only into `sx`.
+    let r = unsafe { libc::statx(fd, c"".as_ptr(), libc::AT_EMPTY_PATH | libc::AT_SYMLINK_NOFOLLOW, libc::STATX_BTIME, &mut sx) };
+    (r == 0 && sx.stx_mask & libc::STATX_BTIME != 0).then_some((sx.stx_btime.tv_sec, sx.stx_btime.tv_nsec))
+}
+
 /// fstatvfs(2): the statistics of the file system `fd` is on.
 pub fn fstatvfs(fd: RawFd) -> io::Result<libc::statvfs> {
     // SAFETY: `statvfs` is a plain C struct of integers; all zeros is a valid value.

@@ -70,6 +70,7 @@ pub use crate::reply::ReplyEntry;
 pub use crate::reply::ReplyIoctl;
 pub use crate::reply::ReplyLock;
 pub use crate::reply::ReplyLseek;
+pub use crate::reply::ReplyStatx;
 pub use crate::reply::ReplyOpen;
 pub use crate::reply::ReplyPoll;
 pub use crate::reply::ReplyStatfs;
@@ -440,6 +441,13 @@ pub trait Filesystem: Send + Sync + 'static {
     /// Get file attributes.
     fn getattr(&self, _req: &Request, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
         warn!("[Not Implemented] getattr(ino: {ino:#x?}, fh: {fh:#x?})");
+        reply.error(Errno::ENOSYS);
+    }
+
+    /// Get file attributes and the birth time (FUSE_STATX). The kernel falls back to
+    /// `getattr` for good once this answers ENOSYS (the default).
+    fn statx(&self, _req: &Request, ino: INodeNo, fh: Option<FileHandle>, mask: u32, reply: ReplyStatx) {
+        let _ = (ino, fh, mask);
         reply.error(Errno::ENOSYS);
     }
 

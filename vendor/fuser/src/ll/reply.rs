@@ -4,7 +4,6 @@ use std::io::IoSlice;
 use std::os::unix::prelude::OsStrExt;
 use std::path::Path;
 use std::time::Duration;
-#[cfg(target_os = "macos")]
 use std::time::SystemTime;
 
 use smallvec::SmallVec;
@@ -125,6 +124,47 @@ impl ResponseStruct<abi::fuse_attr_out> {
             attr_valid_nsec: ttl.subsec_nanos(),
             dummy: 0,
             attr: attr.attr,
+        })
+    }
+}
+
+impl ResponseStruct<abi::fuse_statx_out> {
+    pub(crate) fn new_statx(ttl: &Duration, attr: &crate::FileAttr, btime: Option<SystemTime>) -> Self {
+        const STATX_BASIC_STATS: u32 = 0x7ff;
+        const STATX_BTIME: u32 = 0x800;
+        let a = fuse_attr_from_attr(attr);
+        let time = |secs: i64, nanos: u32| abi::fuse_sx_time { tv_sec: secs, tv_nsec: nanos, reserved: 0 };
+        let (btime, mask) = match btime {
+            Some(t) => {
+                let (secs, nanos) = time_from_system_time(&t);
+                (time(secs, nanos), STATX_BASIC_STATS | STATX_BTIME)
+            }
+            None => (abi::fuse_sx_time::default(), STATX_BASIC_STATS),
+        };
+        let rdev = u64::from(a.rdev);
+        ResponseStruct(abi::fuse_statx_out {
+            attr_valid: ttl.as_secs(),
+            attr_valid_nsec: ttl.subsec_nanos(),
+            flags: 0,
+            spare: [0; 2],
+            stat: abi::fuse_statx {
+                mask,
+                blksize: a.blksize,
+                nlink: a.nlink,
+                uid: a.uid,
+                gid: a.gid,
+                mode: a.mode as u16,
+                ino: a.ino,
+                size: a.size,
+                blocks: a.blocks,
+                atime: time(a.atime, a.atimensec),
+                btime,
+                ctime: time(a.ctime, a.ctimensec),
+                mtime: time(a.mtime, a.mtimensec),
+                rdev_major: libc::major(rdev),
+                rdev_minor: libc::minor(rdev),
+                ..Default::default()
+            },
         })
     }
 }
