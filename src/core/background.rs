@@ -21,6 +21,7 @@ use std::ffi::OsString;
 use std::fs::File;
 use std::io::Write;
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
@@ -61,6 +62,11 @@ struct Queue {
     files: HashMap<Key, Waiting>,
     log: Option<File>,
     log_lines: u64,
+    /// The lower root (a /proc/self/fd path), where the log is made at its first line: a mount
+    /// that never queues a file leaves the lower as it found it.
+    log_dir: Option<std::path::PathBuf>,
+    /// Writing the log failed once (logged): the queue is kept in memory only.
+    log_failed: bool,
 }
 
 /// Counters shown by `densefs get`, `iostat` and the metrics.
@@ -118,13 +124,28 @@ impl Background {
     }
 
     fn log_line(q: &mut Queue, line: String) {
+        if q.log.is_none() && !q.log_failed {
+            if let Some(dir) = &q.log_dir {
+                match std::fs::OpenOptions::new().append(true).create(true).mode(0o600).open(dir.join(WORK_LOG)) {
+                    Ok(file) => q.log = Some(file),
+                    Err(e) => Self::log_failed(q, e),
+                }
+            }
+        }
         if let Some(log) = &mut q.log {
             if let Err(e) = log.write_all(line.as_bytes()) {
-                tracing::warn!("background compression's work log: {e}; the files waiting now are remembered until unmount only");
-                q.log = None;
+                Self::log_failed(q, e);
             }
             q.log_lines += 1;
         }
+    }
+
+    fn log_failed(q: &mut Queue, e: std::io::Error) {
+        tracing::warn!(
+            "background compression's work log {WORK_LOG} in the lower root: {e}; the files waiting now are remembered until unmount only"
+        );
+        q.log = None;
+        q.log_failed = true;
     }
 
     fn queue(&self, key: Key, waiting: Waiting, log: bool) {
@@ -223,15 +244,20 @@ impl DenseFs {
             Err(e) => return tracing::warn!("background compression: {e}"),
         };
         let (dev, _) = root.lower_id();
-        let left = read_work_log(root.raw_fd());
+        let (left, had_lines) = read_work_log(root.raw_fd());
         let mut q = background.queue.lock();
+        q.log_dir = Some(Path::new("/proc/self/fd").join(root.raw_fd().to_string()));
         let due = Instant::now() + background.delay;
         for (ino, (generation, target, path)) in &left {
             q.order.push_back((due, (dev, *ino)));
             q.files.insert((dev, *ino), Waiting { generation: *generation, path: path.clone(), target: *target, bytes: 0, due });
         }
-        q.log = rewrite_work_log(root.raw_fd(), &q.files);
-        q.log_lines = q.files.len() as u64;
+        // Compacted where the last run left lines; none is made until a file is queued.
+        if had_lines {
+            q.log = rewrite_work_log(root.raw_fd(), &q.files);
+            q.log_failed = q.log.is_none();
+            q.log_lines = q.files.len() as u64;
+        }
         drop(q);
         if !left.is_empty() {
             tracing::info!("background compression: {} files left waiting by the last run", left.len());
@@ -562,14 +588,15 @@ fn parse_work_log(text: &str) -> HashMap<u64, (u32, Compression, OsString)> {
     waiting
 }
 
-fn read_work_log(root: std::os::fd::RawFd) -> HashMap<u64, (u32, Compression, OsString)> {
+/// The files the work log names as waiting, and whether it had any line.
+fn read_work_log(root: std::os::fd::RawFd) -> (HashMap<u64, (u32, Compression, OsString)>, bool) {
     let path = Path::new("/proc/self/fd").join(root.to_string()).join(WORK_LOG);
     match std::fs::read_to_string(&path) {
-        Ok(text) => parse_work_log(&text),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => HashMap::new(),
+        Ok(text) => (parse_work_log(&text), !text.is_empty()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => (HashMap::new(), false),
         Err(e) => {
             tracing::warn!("background compression: cannot read its work log {WORK_LOG}: {e}");
-            HashMap::new()
+            (HashMap::new(), false)
         }
     }
 }
