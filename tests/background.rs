@@ -44,15 +44,6 @@ fn densefs(args: &[&str]) -> std::process::Output {
     Command::new(BIN).args(args).output().unwrap()
 }
 
-/// Polls `ok` until it holds, for up to `secs`.
-fn wait_long(what: &str, secs: u64, mut ok: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(secs);
-    while !ok() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(200));
-    }
-}
-
 /// Seconds a test waits for background work: long, for machines busy with other work.
 const WAIT: u64 = 600;
 
@@ -76,10 +67,10 @@ fn closed_files_end_in_the_background_codec_in_place_and_read_back() {
     let used_before = stat(&m.path("a"))["stats"]["used"].as_u64().unwrap();
     assert!(records(&m.path("a")).contains_key("lz4"));
 
-    wait_long("a in zstd-3", WAIT, || all_in(&m.path("a"), "zstd-3"));
-    wait_long("gz/b in gzip-1", WAIT, || all_in(&m.path("gz/b"), "gzip-1"));
+    wait_up_to("a in zstd-3", WAIT, || all_in(&m.path("a"), "zstd-3"));
+    wait_up_to("gz/b in gzip-1", WAIT, || all_in(&m.path("gz/b"), "gzip-1"));
     // Waits for the passes of every file queued: the one in `off` was never queued.
-    wait_long("nothing waiting", WAIT, || background(&d.mnt)["waiting_files"] == 0);
+    wait_up_to("nothing waiting", WAIT, || background(&d.mnt)["waiting_files"] == 0);
     assert_eq!(records(&m.path("off/c")).keys().collect::<Vec<_>>(), ["lz4"]);
 
     for (name, want) in [("a", &data), ("a-link", &data), ("gz/b", &data), ("off/c", &data), ("s", &small)] {
@@ -104,7 +95,7 @@ fn closed_files_end_in_the_background_codec_in_place_and_read_back() {
     use std::io::Write;
     let more = compressible(1 << 20, 9);
     std::fs::OpenOptions::new().append(true).open(m.path("a")).unwrap().write_all(&more).unwrap();
-    wait_long("a in zstd-3 again", WAIT, || all_in(&m.path("a"), "zstd-3"));
+    wait_up_to("a in zstd-3 again", WAIT, || all_in(&m.path("a"), "zstd-3"));
     let mut want = data.clone();
     want.extend_from_slice(&more);
     assert!(std::fs::read(m.path("a")).unwrap() == want);
@@ -118,13 +109,13 @@ fn a_file_open_is_left_alone_and_a_users_write_during_the_pass_wins() {
     let data = compressible(2 << 20, 11);
     std::fs::write(m.path("held"), &data).unwrap();
     // Queued at its last close (the RELEASE after close(2)); opened again before its time.
-    wait_long("held queued", 30, || background(&d.mnt)["waiting_files"] == 1);
+    wait_up_to("held queued", 30, || background(&d.mnt)["waiting_files"] == 1);
     let reader = std::fs::File::open(m.path("held")).unwrap();
     // The pass found it open and put it off; it is still as written.
-    wait_long("a pass put off", WAIT, || background(&d.mnt)["postponed"].as_u64().unwrap() >= 1);
+    wait_up_to("a pass put off", WAIT, || background(&d.mnt)["postponed"].as_u64().unwrap() >= 1);
     assert_eq!(records(&m.path("held")).keys().collect::<Vec<_>>(), ["lz4"]);
     drop(reader);
-    wait_long("held in gzip-1 once closed", WAIT, || all_in(&m.path("held"), "gzip-1"));
+    wait_up_to("held in gzip-1 once closed", WAIT, || all_in(&m.path("held"), "gzip-1"));
     assert!(std::fs::read(m.path("held")).unwrap() == data);
 
     // Writes while passes run: every byte the user wrote is there, whichever came first.
@@ -141,15 +132,15 @@ fn a_file_open_is_left_alone_and_a_users_write_during_the_pass_wins() {
         drop(f);
         assert!(std::fs::read(m.path("busy")).unwrap() == want, "round {round}");
     }
-    wait_long("nothing waiting", WAIT, || background(&d.mnt)["waiting_files"] == 0);
+    wait_up_to("nothing waiting", WAIT, || background(&d.mnt)["waiting_files"] == 0);
     assert!(std::fs::read(m.path("busy")).unwrap() == want);
     // Deleted while waiting or during its pass: dropped, nothing else disturbed.
     std::fs::write(m.path("gone"), compressible(2 << 20, 13)).unwrap();
     std::thread::sleep(Duration::from_millis(1200));
     std::fs::remove_file(m.path("gone")).unwrap();
     std::fs::write(m.path("after"), &data).unwrap();
-    wait_long("after in gzip-1", WAIT, || all_in(&m.path("after"), "gzip-1"));
-    wait_long("nothing waiting", WAIT, || background(&d.mnt)["waiting_files"] == 0);
+    wait_up_to("after in gzip-1", WAIT, || all_in(&m.path("after"), "gzip-1"));
+    wait_up_to("nothing waiting", WAIT, || background(&d.mnt)["waiting_files"] == 0);
     assert_eq!(background(&d.mnt)["failed"], 0);
     m.unmount();
     let fresh = Mount::new(&d.lower, &d.mnt, "");
@@ -167,13 +158,13 @@ fn waiting_files_outlive_an_unmount_and_a_kill() {
     // Queued with an hour's delay, then unmounted: the work log keeps it (hidden from users).
     let m = Mount::new(&d.lower, &d.mnt, "compression=lz4,background_compression=gzip-1,background_delay=3600");
     std::fs::write(m.path("f"), &data).unwrap();
-    wait_long("f waiting", 30, || background(&d.mnt)["waiting_files"] == 1);
+    wait_up_to("f waiting", 30, || background(&d.mnt)["waiting_files"] == 1);
     let names: Vec<_> = std::fs::read_dir(&d.mnt).unwrap().map(|e| e.unwrap().file_name()).collect();
     assert_eq!(names, ["f"]);
     m.unmount();
     assert!(std::fs::read_to_string(d.lower.join(".densefs.background")).unwrap().starts_with("+ "));
     let m = Mount::new(&d.lower, &d.mnt, "compression=lz4,background_compression=gzip-1,background_delay=1");
-    wait_long("f in gzip-1 after the remount", WAIT, || all_in(&m.path("f"), "gzip-1"));
+    wait_up_to("f in gzip-1 after the remount", WAIT, || all_in(&m.path("f"), "gzip-1"));
     assert!(std::fs::read(m.path("f")).unwrap() == data);
 
     m.unmount();
@@ -191,8 +182,8 @@ fn waiting_files_outlive_an_unmount_and_a_kill() {
     m.kill();
     let m = Mount::new(&d.lower, &d.mnt, "compression=lz4,background_compression=gzip-6,background_delay=1");
     assert!(std::fs::read(m.path("big")).unwrap() == big);
-    wait_long("big in gzip-6 after the kill", WAIT, || all_in(&m.path("big"), "gzip-6"));
-    wait_long("nothing waiting", WAIT, || background(&d.mnt)["waiting_files"] == 0);
+    wait_up_to("big in gzip-6 after the kill", WAIT, || all_in(&m.path("big"), "gzip-6"));
+    wait_up_to("nothing waiting", WAIT, || background(&d.mnt)["waiting_files"] == 0);
     assert!(std::fs::read(m.path("big")).unwrap() == big);
     m.unmount();
     // Done work leaves nothing to do at the next mount.
@@ -219,15 +210,15 @@ fn a_full_lower_fails_the_pass_quietly_and_it_is_retried() {
         let _ = f.write_all(&chunk[..4096]);
         let _ = f.sync_all();
     }
-    wait_long("a failed pass", WAIT, || background(&d.mnt)["failed"].as_u64().unwrap() >= 1);
+    wait_up_to("a failed pass", WAIT, || background(&d.mnt)["failed"].as_u64().unwrap() >= 1);
     // The foreground sees nothing: the file reads back, nothing is left unwritten.
     assert!(std::fs::read(m.path("f")).unwrap() == data);
     // The pass's copies that did not land are dropped (the old ones are intact), so nothing
     // waits in memory for room (`densefs umount` would refuse while something did).
-    wait_long("nothing held in memory", 30, || engine_snapshot(&d.mnt)["memory"]["used"].as_u64().unwrap() == 0);
+    wait_up_to("nothing held in memory", 30, || engine_snapshot(&d.mnt)["memory"]["used"].as_u64().unwrap() == 0);
     // Room again: the pass comes back and finishes.
     std::fs::remove_file(&filler).unwrap();
-    wait_long("f in gzip-1", WAIT, || all_in(&m.path("f"), "gzip-1"));
+    wait_up_to("f in gzip-1", WAIT, || all_in(&m.path("f"), "gzip-1"));
     assert!(std::fs::read(m.path("f")).unwrap() == data);
     m.unmount();
 }
@@ -239,17 +230,17 @@ fn a_mount_remounted_read_only_writes_nothing_until_it_is_writable_again() {
     let m = Mount::new(&d.lower, &d.mnt, "compression=lz4,background_compression=gzip-1,background_delay=5");
     let data = compressible(2 << 20, 41);
     std::fs::write(m.path("f"), &data).unwrap();
-    wait_long("f waiting", 30, || background(&d.mnt)["waiting_files"] == 1);
+    wait_up_to("f waiting", 30, || background(&d.mnt)["waiting_files"] == 1);
     let remount = |how: &str| {
         let ok = Command::new("mount").args(["-o", &format!("remount,{how}")]).arg(&d.mnt).status().unwrap();
         assert!(ok.success(), "remount,{how}");
     };
     remount("ro");
     let lower_before = std::fs::read(d.lower.join("f")).unwrap();
-    wait_long("a pass put off while read-only", WAIT, || background(&d.mnt)["postponed"].as_u64().unwrap() >= 1);
+    wait_up_to("a pass put off while read-only", WAIT, || background(&d.mnt)["postponed"].as_u64().unwrap() >= 1);
     assert!(std::fs::read(d.lower.join("f")).unwrap() == lower_before, "a read-only mount's lower file changed");
     remount("rw");
-    wait_long("f in gzip-1 once writable", WAIT, || all_in(&m.path("f"), "gzip-1"));
+    wait_up_to("f in gzip-1 once writable", WAIT, || all_in(&m.path("f"), "gzip-1"));
     assert!(std::fs::read(m.path("f")).unwrap() == data);
     m.unmount();
 }

@@ -148,12 +148,9 @@ impl Background {
         q.log_failed = true;
     }
 
-    fn queue(&self, key: Key, waiting: Waiting, log: bool) {
+    fn queue(&self, key: Key, waiting: Waiting) {
         let mut q = self.queue.lock();
-        if log {
-            let line = format!("+ {} {} {} {}\n", key.1, waiting.generation, waiting.target, hex(waiting.path.as_bytes()));
-            Self::log_line(&mut q, line);
-        }
+        Self::log_line(&mut q, queued_line(key, &waiting));
         q.order.push_back((waiting.due, key));
         q.files.insert(key, waiting);
         drop(q);
@@ -227,7 +224,7 @@ impl DenseFs {
             .and_then(|p| p.strip_prefix(&self.lower_root).ok().map(|p| p.as_os_str().to_os_string()))
             .unwrap_or_default();
         let waiting = Waiting { generation: inode.generation, path, target, bytes: c.size(), due: Instant::now() + background.delay };
-        background.queue(inode.lower_id(), waiting, true);
+        background.queue(inode.lower_id(), waiting);
     }
 
     /// Starts the background pass (a writable mount): reads and compacts the work log the last
@@ -549,6 +546,11 @@ fn stored_bytes(c: &Container) -> u64 {
     c.lower_file().metadata().map(|m| std::os::unix::fs::MetadataExt::blocks(&m) * 512).unwrap_or(0)
 }
 
+/// The work log's line for a file waiting (FORMAT.md, "Background compression work log").
+fn queued_line(key: Key, w: &Waiting) -> String {
+    format!("+ {} {} {} {}\n", key.1, w.generation, w.target, hex(w.path.as_bytes()))
+}
+
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
@@ -609,7 +611,7 @@ fn rewrite_work_log(root: std::os::fd::RawFd, files: &HashMap<Key, Waiting>) -> 
     let write = || -> std::io::Result<File> {
         let mut text = String::new();
         for (key, w) in files {
-            text.push_str(&format!("+ {} {} {} {}\n", key.1, w.generation, w.target, hex(w.path.as_bytes())));
+            text.push_str(&queued_line(*key, w));
         }
         std::fs::write(&tmp, text)?;
         std::fs::rename(&tmp, dir.join(WORK_LOG))?;

@@ -310,8 +310,13 @@ pub fn requests(mnt: &Path, kind: &str) -> u64 {
 }
 
 /// Polls `ok` until it holds (30 s at most).
-pub fn wait_until(what: &str, mut ok: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(30);
+pub fn wait_until(what: &str, ok: impl FnMut() -> bool) {
+    wait_up_to(what, 30, ok)
+}
+
+/// Polls `ok` until it holds, for up to `secs` seconds.
+pub fn wait_up_to(what: &str, secs: u64, mut ok: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(secs);
     while !ok() {
         assert!(Instant::now() < deadline, "timed out waiting for {what}");
         std::thread::sleep(Duration::from_millis(200));
