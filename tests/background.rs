@@ -231,8 +231,10 @@ fn a_mount_remounted_read_only_writes_nothing_until_it_is_writable_again() {
     let data = compressible(2 << 20, 41);
     std::fs::write(m.path("f"), &data).unwrap();
     wait_up_to("f waiting", 30, || background(&d.mnt)["waiting_files"] == 1);
+    // `-i`: the superblock's flags only, without /sbin/mount.fuse (it runs `densefs`, which a
+    // fresh machine has on no PATH before scripts/install).
     let remount = |how: &str| {
-        let ok = Command::new("mount").args(["-o", &format!("remount,{how}")]).arg(&d.mnt).status().unwrap();
+        let ok = Command::new("mount").args(["-i", "-o", &format!("remount,{how}")]).arg(&d.mnt).status().unwrap();
         assert!(ok.success(), "remount,{how}");
     };
     remount("ro");

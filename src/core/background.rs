@@ -8,7 +8,7 @@
 //! where the last run left off and a million densified files cost nothing at mount: only the
 //! files still waiting are in the log, which each mount compacts.
 
-use super::container::densify::Densified;
+use super::container::densify::{Densified, Densify};
 use super::container::Container;
 use super::inodes::{Content, Inode};
 use super::lower;
@@ -74,10 +74,10 @@ struct Queue {
 struct Counters {
     files_done: AtomicU64,
     records: AtomicU64,
-    /// Logical bytes of the records re-encoded.
+    /// Logical bytes of the records read for re-encoding.
     bytes_in: AtomicU64,
-    /// Encoded bytes of the new copies (kept or not).
-    bytes_out: AtomicU64,
+    /// Encoded bytes of the new copies (kept or not), counted by whoever compresses them.
+    bytes_out: Arc<AtomicU64>,
     /// Bytes the lower files took before and after their passes.
     stored_before: AtomicU64,
     stored_after: AtomicU64,
@@ -97,8 +97,6 @@ pub struct Background {
     queue: Mutex<Queue>,
     wake: Condvar,
     counters: Counters,
-    /// Encoded bytes of records the engine compressed for the pass (accelerators).
-    submitted_out: Arc<AtomicU64>,
     stop: AtomicBool,
     /// Held by the pass for the file it works on (`stop` waits for it).
     busy: Mutex<()>,
@@ -115,7 +113,6 @@ impl Background {
             queue: Mutex::new(Queue::default()),
             wake: Condvar::new(),
             counters: Counters::default(),
-            submitted_out: Arc::new(AtomicU64::new(0)),
             stop: AtomicBool::new(false),
             busy: Mutex::new(()),
             last_user_io: AtomicU64::new(0),
@@ -296,7 +293,7 @@ impl DenseFs {
             "files_done": load(&c.files_done),
             "records": load(&c.records),
             "bytes_in": load(&c.bytes_in),
-            "bytes_out": load(&c.bytes_out) + load(&b.submitted_out),
+            "bytes_out": load(&c.bytes_out),
             "stored_before": load(&c.stored_before),
             "stored_after": load(&c.stored_after),
             "postponed": load(&c.postponed),
@@ -438,6 +435,7 @@ impl DenseFs {
         // queue: the pass waits (its threads are the kernel's last choice for a CPU, but the
         // lower disk has no such order for their reads and writes).
         let own = (threads * c.layout().record_size() as usize) as u64;
+        let densify = Densify { target, encoded: background.counters.bytes_out.clone() };
         let foreground_busy = || {
             let quiet_ms = (background.epoch.elapsed().as_millis() as u64).saturating_sub(background.last_user_io.load(Ordering::Relaxed));
             quiet_ms < USER_QUIET.as_millis() as u64 || self.memory.admission().unlanded() > own || self.engine.cpu_queued() > 0
@@ -460,17 +458,13 @@ impl DenseFs {
                     std::thread::sleep(YIELD_WAIT);
                 }
                 let counters = &background.counters;
-                match c.densify_record(record, target, &background.submitted_out)? {
+                match c.densify_record(record, &densify)? {
                     Densified::Skipped => continue,
-                    Densified::Submitted { logical } => {
+                    Densified::Sent { logical } => {
                         counters.bytes_in.fetch_add(logical, Ordering::Relaxed);
-                    }
-                    Densified::Landed { logical, encoded } => {
-                        counters.bytes_in.fetch_add(logical, Ordering::Relaxed);
-                        counters.bytes_out.fetch_add(encoded, Ordering::Relaxed);
+                        counters.records.fetch_add(1, Ordering::Relaxed);
                     }
                 }
-                counters.records.fetch_add(1, Ordering::Relaxed);
             }
         };
         let helpers = threads - 1;

@@ -34,6 +34,7 @@ use crate::format::durability::Epochs;
 use crate::format::hints::SizeHint;
 use crate::format::layout::round_up_block;
 use crate::format::{newest_first, Descriptor, Header, Layout};
+use densify::Densify;
 use parking_lot::{Condvar, Mutex, MutexGuard, RwLock, RwLockReadGuard};
 use std::collections::HashMap;
 use std::fs::File;
@@ -58,13 +59,13 @@ pub struct CreateSettings {
 }
 
 /// Why a record is loaded into its dirty buffer.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 enum Load {
     /// A change keeps some of its bytes.
     Edit,
     /// To be written again as it is, landed only if smaller (recompress, interim records, the
     /// background pass with its codec): only a stored record not being changed.
-    Rewrite { densify: Option<Compression> },
+    Rewrite { densify: Option<Densify> },
 }
 
 /// What a record handed to the engine is compressed with.
@@ -107,7 +108,7 @@ struct State {
     /// Dirty records recompress or the background pass loaded to re-encode, not changed by a
     /// user since: with the background codec they go to the engine with, whoever sends them
     /// (the writeback tick may, before the pass does).
-    rewriting: HashMap<u64, Option<Compression>>,
+    rewriting: HashMap<u64, Option<Densify>>,
     /// A failed landing, reported by the next write, flush or fsync (its data stays dirty).
     write_error: Option<FsError>,
     /// Where sequential reads stand, for read-ahead.
@@ -199,6 +200,8 @@ struct Sent {
     record: u64,
     seq: u64,
     request: CompressRequest,
+    /// For a record of the background pass: where its encoded bytes are counted.
+    densified: Option<Arc<AtomicU64>>,
 }
 
 /// Where a record's current bytes come from.
@@ -652,11 +655,12 @@ impl Container {
     /// partial write can modify them. `rewrite` (recompress): only a stored record, left alone
     /// if a change of it is pending, and marked as a rewrite (landed only if smaller); the mark
     /// is set under the same lock that sees no such change, and every user change clears it.
-    fn load(&self, record: u64, load: Load) -> FsResult<()> {
+    /// Returns whether this call put the record's bytes in memory (for a rewrite: and marked it).
+    fn load(&self, record: u64, load: Load) -> FsResult<bool> {
         let rewrite = matches!(load, Load::Rewrite { .. });
         let mark = |st: &mut State| {
-            if let Load::Rewrite { densify } = load {
-                st.rewriting.insert(record, densify);
+            if let Load::Rewrite { densify } = &load {
+                st.rewriting.insert(record, densify.clone());
             }
         };
         let done = |st: &State| if rewrite { st.buffers.is_pending(record) } else { st.buffers.is_dirty(record) };
@@ -665,18 +669,18 @@ impl Container {
                 let _io = self.slot_io.read();
                 let mut st = self.state.lock();
                 if done(&st) {
-                    return Ok(());
+                    return Ok(false);
                 }
                 match self.source(&mut st, record)? {
                     Source::Memory(buf) => {
                         self.put_trimmed(&mut st, record, &buf);
                         mark(&mut st);
-                        return Ok(());
+                        return Ok(true);
                     }
-                    Source::Absent if rewrite => return Ok(()),
+                    Source::Absent if rewrite => return Ok(false),
                     Source::Absent => {
                         st.buffers.put_dirty(record, Vec::new());
-                        return Ok(());
+                        return Ok(true);
                     }
                     Source::Lower { candidates } => candidates,
                 }
@@ -686,13 +690,13 @@ impl Container {
             let mut st = self.state.lock();
             let st = &mut *st;
             if done(st) {
-                return Ok(());
+                return Ok(false);
             }
             // Insert only if nothing changed the record while we read it; else look again.
             if !st.buffers.is_in_flight(record) && newest_first(&self.store.pair(&mut st.store, record)?) == seen {
                 self.put_trimmed(st, record, &buf);
                 mark(st);
-                return Ok(());
+                return Ok(true);
             }
         }
     }
@@ -810,14 +814,15 @@ impl Container {
             let rewriting = &mut st.rewriting;
             let mut densify = None;
             let rewrite = || match rewriting.remove(&record) {
-                Some(codec) => {
-                    densify = codec;
+                Some(mark) => {
+                    densify = mark;
                     true
                 }
                 None => false,
             };
             let Some((seq, data)) = st.buffers.send(record, rewrite) else { continue };
-            let (compression, interim) = match (densify, with) {
+            let densified = densify.as_ref().map(|d| d.encoded.clone());
+            let (compression, interim) = match (densify.map(|d| d.target), with) {
                 (Some(c), _) | (None, EncodeWith::Background(c)) => (Setting::Fixed(c), false),
                 (None, EncodeWith::FileCodec) => (st.store.compression, false),
                 (None, EncodeWith::Fsync(setting)) => (setting, setting != st.store.compression),
@@ -830,23 +835,41 @@ impl Container {
                 offload: st.policy.offload,
                 checksum: self.store.checksum(),
             };
-            sent.push(Sent { record, seq, request });
+            sent.push(Sent { record, seq, request, densified });
         }
         sent
     }
 
     fn job(self: &Arc<Self>, sent: Sent) -> Job {
         let me = Arc::clone(self);
-        let Sent { record, seq, request } = sent;
-        Job { request, done: Box::new(move |result| me.queue_landing(record, seq, result)) }
+        let Sent { record, seq, request, densified } = sent;
+        Job {
+            request,
+            done: Box::new(move |result| {
+                if let (Some(counter), Ok(encoded)) = (&densified, &result) {
+                    counter.fetch_add(encoded.bytes.len() as u64, Ordering::Relaxed);
+                }
+                me.queue_landing(record, seq, result)
+            }),
+        }
+    }
+
+    /// Compresses one sent record on the calling thread and lands it; false where the engine
+    /// would rather have an accelerator do it.
+    fn compress_and_land_here(&self, sent: &Sent) -> bool {
+        let Some(encoded) = self.engine.compress_here(&sent.request) else { return false };
+        if let Some(counter) = &sent.densified {
+            counter.fetch_add(encoded.bytes.len() as u64, Ordering::Relaxed);
+        }
+        self.land(sent.record, sent.seq, Ok(encoded));
+        true
     }
 
     /// Compresses and lands a single record on the calling thread (a small file at close: two
     /// thread handoffs would cost more than the work); more go to the engine's workers.
     fn write_out(self: &Arc<Self>, sent: Vec<Sent>) {
         if let [one] = sent.as_slice() {
-            if let Some(encoded) = self.engine.compress_here(&one.request) {
-                self.land(one.record, one.seq, Ok(encoded));
+            if self.compress_and_land_here(one) {
                 return;
             }
         }

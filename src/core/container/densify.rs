@@ -8,18 +8,26 @@ use super::{Container, EncodeWith, Load};
 use crate::codec::Compression;
 use crate::core::error::FsResult;
 use crate::format::newest_first;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
+
+/// A record the background pass marks for re-encoding: with what, and where the bytes it
+/// encodes to are counted, by whoever sends it first (the pass, or a writeback of the file).
+#[derive(Clone, Debug)]
+pub struct Densify {
+    pub target: Compression,
+    pub encoded: Arc<AtomicU64>,
+}
 
 /// What re-encoding one record did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Densified {
     /// Nothing to do: a hole, already in the codec, or being changed by a user.
     Skipped,
-    /// Handed to the engine's workers (an accelerator is in play): it lands on their side.
-    Submitted { logical: u64 },
-    /// Compressed here and landed (or kept as it was, where the new copy was not smaller).
-    Landed { logical: u64, encoded: u64 },
+    /// Read for re-encoding (`logical` bytes) and sent: compressed and landed here, handed to
+    /// the engine (an accelerator is in play), or sent first by a writeback of the file, with
+    /// the pass's codec. A copy lands only where it is smaller.
+    Sent { logical: u64 },
 }
 
 impl Container {
@@ -28,11 +36,11 @@ impl Container {
         self.layout().plain_size_to_records(self.size())
     }
 
-    /// Re-encodes `record` with `target`, compressing on the calling thread (the background's,
-    /// which the kernel schedules after everything else) where no accelerator is in play, else
-    /// through the engine, which sends it to the accelerator first. `submitted_out` counts the
-    /// encoded bytes of records the engine compresses.
-    pub fn densify_record(self: &Arc<Self>, record: u64, target: Compression, submitted_out: &Arc<AtomicU64>) -> FsResult<Densified> {
+    /// Re-encodes `record` with `densify.target`, compressing on the calling thread (the
+    /// background's, which the kernel schedules after everything else) where no accelerator is
+    /// in play, else through the engine, which sends it to the accelerator first.
+    pub fn densify_record(self: &Arc<Self>, record: u64, densify: &Densify) -> FsResult<Densified> {
+        let target = densify.target;
         {
             let _io = self.slot_io.read();
             let mut st = self.state.lock();
@@ -46,33 +54,26 @@ impl Container {
                 Some(_) => {}
             }
         }
-        self.load(record, Load::Rewrite { densify: Some(target) })?;
-        let sent = {
+        if !self.load(record, Load::Rewrite { densify: Some(densify.clone()) })? {
+            return Ok(Densified::Skipped);
+        }
+        let (logical, sent) = {
             let mut st = self.state.lock();
-            self.send(&mut st, &[record], EncodeWith::Background(target))
+            let logical = self.layout().record_len_in_size(record, st.store.size) as u64;
+            (logical, self.send(&mut st, &[record], EncodeWith::Background(target)))
         };
-        let Some(sent) = sent.into_iter().next() else { return Ok(Densified::Skipped) };
-        let logical = sent.request.data.len() as u64;
-        if let Some(encoded) = self.engine.compress_here(&sent.request) {
-            let encoded_len = encoded.bytes.len() as u64;
-            self.land(sent.record, sent.seq, Ok(encoded));
+        // Nothing sent: a writeback took the record first (it carries the mark), or a user's
+        // write replaced it.
+        let Some(sent) = sent.into_iter().next() else { return Ok(Densified::Sent { logical }) };
+        if self.compress_and_land_here(&sent) {
             if let Some(e) = self.state.lock().write_error.take() {
                 return Err(e);
             }
-            return Ok(Densified::Landed { logical, encoded: encoded_len });
+            return Ok(Densified::Sent { logical });
         }
-        let mut job = self.job(sent);
-        let counter = submitted_out.clone();
-        let done = job.done;
-        job.done = Box::new(move |result| {
-            if let Ok(encoded) = &result {
-                counter.fetch_add(encoded.bytes.len() as u64, Ordering::Relaxed);
-            }
-            done(result)
-        });
-        self.engine.submit(vec![job]);
+        self.engine.submit(vec![self.job(sent)]);
         self.wait_for_room();
-        Ok(Densified::Submitted { logical })
+        Ok(Densified::Sent { logical })
     }
 
     /// After a pass: waits for what it handed to the engine, syncs (the old copies are freed)

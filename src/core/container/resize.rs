@@ -13,7 +13,8 @@ impl Container {
         if size % layout.record_size() == 0 {
             return Ok(());
         }
-        self.load(layout.plain_off_to_record(size), Load::Edit) // trims to the size
+        self.load(layout.plain_off_to_record(size), Load::Edit)?; // trims to the size
+        Ok(())
     }
 
     pub fn set_size(self: &Arc<Self>, new_size: u64) -> FsResult<()> {
