@@ -57,6 +57,24 @@ impl FileStats {
         }
         self.raw_low_savings += other.raw_low_savings;
     }
+
+    /// Takes away what `add` added (never below zero; record kinds that reach zero go).
+    pub fn sub(&mut self, other: &FileStats) {
+        self.logical_size = self.logical_size.saturating_sub(other.logical_size);
+        self.logical_data = self.logical_data.saturating_sub(other.logical_data);
+        self.physical = self.physical.saturating_sub(other.physical);
+        self.stored_data = self.stored_data.saturating_sub(other.stored_data);
+        self.lower_length = self.lower_length.saturating_sub(other.lower_length);
+        for (k, v) in &other.records {
+            if let Some(have) = self.records.get_mut(k) {
+                *have = have.saturating_sub(*v);
+                if *have == 0 {
+                    self.records.remove(k);
+                }
+            }
+        }
+        self.raw_low_savings = self.raw_low_savings.saturating_sub(other.raw_low_savings);
+    }
 }
 
 /// Statistics of one lower file; with `verify`, every current record is read, checksummed and

@@ -27,6 +27,7 @@ use super::landing::{self, LandingQueue};
 use super::lower;
 use super::memory::Memory;
 use super::store::{mtime_of, Store, StoreState};
+use super::usage::UsageHold;
 use crate::checksum::ChecksumKind;
 use crate::codec::{Compression, Setting};
 use crate::engine::{CompressRequest, DecompressRequest, Encoded, Engine, EngineError, Job, RecordPolicy};
@@ -99,6 +100,9 @@ pub struct Container {
     /// Bytes of copies landed since the lower file system was last asked to start writing
     /// them (`EARLY_WRITEBACK_BYTES`).
     landed_unwritten: AtomicU64,
+    /// A writable container's part in the mount's counters (`usage.rs`): the file is measured
+    /// again when the last container changing it goes, after its last landing.
+    usage: OnceLock<UsageHold>,
 }
 
 struct State {
@@ -356,7 +360,17 @@ impl Container {
             landed: Condvar::new(),
             landing: LandingQueue::default(),
             landed_unwritten: AtomicU64::new(0),
+            usage: OnceLock::new(),
         }
+    }
+
+    /// Counts this container's changes of its file in the mount's counters (once).
+    pub fn hold_usage(&self, hold: UsageHold) {
+        let _ = self.usage.set(hold);
+    }
+
+    pub fn holds_usage(&self) -> bool {
+        self.usage.get().is_some()
     }
 
     /// Drops records past the size that a crash left (they must not reappear if the file grows).

@@ -8,6 +8,7 @@ use super::inodes::{Content, Inode, Node};
 use super::lower::{self, cstr};
 use super::privileges::Changer;
 use super::props::PropertyValues;
+use super::usage::{Usage, UsageHold};
 use super::{Attr, Caller, DenseFs, FsError, FsResult, Handle};
 use std::ffi::OsStr;
 use std::fs::File;
@@ -19,7 +20,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 impl Content {
     /// The lower file it reads and writes through.
-    fn file(&self) -> &Arc<File> {
+    pub(super) fn file(&self) -> &Arc<File> {
         match self {
             Content::Container(c) => c.lower_file(),
             Content::Plain(f) => f,
@@ -104,10 +105,13 @@ impl DenseFs {
     fn load_content_of(&self, inode: &Node, writable: bool, created: Option<libc::stat>) -> FsResult<Content> {
         let settings = || self.settings_in(self.inodes.parent_of(inode.nodeid).unwrap_or(super::ROOT));
         let file = match created {
-            // A new file: nothing to probe (a network lower answers each call a round trip later).
+            // A new file: nothing to probe (a network lower answers each call a round trip later),
+            // and nothing it contributed to the mount's counters yet.
             Some(stat) if stat.st_size == 0 => {
                 let mtime = libc::timespec { tv_sec: stat.st_mtime, tv_nsec: stat.st_mtime_nsec };
-                return self.new_container(inode.file().clone(), Some(mtime), &settings());
+                let hold = self.usage.track(inode.lower_id(), inode.file(), Usage::default);
+                let content = self.new_container(inode.file().clone(), Some(mtime), &settings())?;
+                return Ok(Self::with_usage(content, hold));
             }
             Some(_) => inode.file().clone(),
             None => {
@@ -115,24 +119,63 @@ impl DenseFs {
                 self.content_file(inode, writable)?
             }
         };
+        // Measured before a writer's container changes anything (`usage.rs`).
+        let hold = writable.then(|| self.usage.track(inode.lower_id(), &file, || Usage::measure(&file)));
         // The properties of the directory the file is in decide how it is written.
         let settings = settings();
-        match Container::probe_block(&file).map(|(header, block)| header.map(|h| (h, block))) {
+        let content = match Container::probe_block(&file).map(|(header, block)| header.map(|h| (h, block))) {
             Ok(Some((header, first_block))) => {
                 let c = Container::open(file, header, settings.record_policy(), self.engine.clone(), self.memory.clone(), None, writable)?;
                 if !writable {
                     c.keep_first_block(first_block);
                 }
-                Ok(Content::Container(Arc::new(c)))
+                Content::Container(Arc::new(c))
             }
-            Ok(None) if writable && file.metadata()?.len() == 0 => self.new_container(file, None, &settings),
-            Ok(None) => Ok(Content::Plain(file)),
+            Ok(None) if writable && file.metadata()?.len() == 0 => self.new_container(file, None, &settings)?,
+            Ok(None) => Content::Plain(file),
             Err(e) => {
                 let label = self.label(inode);
                 tracing::error!(file = %label, "not a readable densefs container: {e}");
-                Err(FsError::corrupt(format!("{label}: {e}")))
+                return Err(FsError::corrupt(format!("{label}: {e}")));
+            }
+        };
+        Ok(match hold {
+            Some(hold) => Self::with_usage(content, hold),
+            None => content,
+        })
+    }
+
+    /// A container keeps the file's part in the counters; a plain file is measured around each
+    /// change instead (`plain_change`).
+    fn with_usage(content: Content, hold: UsageHold) -> Content {
+        if let Content::Container(c) = &content {
+            c.hold_usage(hold);
+        }
+        content
+    }
+
+    /// Makes a loaded content writable for `inode` (readers may have loaded it): a container
+    /// starts counting its changes first.
+    pub(super) fn make_content_writable(&self, content: &Content, inode: &Node) -> FsResult<()> {
+        if let Content::Container(c) = content {
+            if !c.holds_usage() {
+                let file = c.lower_file().clone();
+                c.hold_usage(self.usage.track(inode.lower_id(), &file, || Usage::measure(&file)));
             }
         }
+        content.make_writable(inode.raw_fd())
+    }
+
+    /// A change of a plain lower file (not a container) in place: the counters move by what it
+    /// changed.
+    fn plain_change<T>(&self, file: &File, change: impl FnOnce() -> FsResult<T>) -> FsResult<T> {
+        if !self.usage.known() {
+            return change();
+        }
+        let before = Usage::measure(file);
+        let result = change();
+        self.usage.apply(&Usage::measure(file), &before);
+        result
     }
 
     /// The lower file a content reads and writes through. The inode's own descriptor serves
@@ -181,7 +224,7 @@ impl DenseFs {
         let content = match &open.content {
             Some(c) => {
                 if writable {
-                    c.make_writable(inode.raw_fd())?;
+                    self.make_content_writable(c, inode)?;
                 }
                 c.clone()
             }
@@ -244,11 +287,19 @@ impl DenseFs {
         // O_NOATIME: the daemon's own reads of the new file (records it rewrites, later header
         // reads through this descriptor) leave its access time alone; a reader's turn it off.
         let lower_flags = libc::O_CREAT | libc::O_RDWR | libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NOATIME | (flags & libc::O_EXCL);
-        let created = lower::with_umask(caller.umask, || match lower::openat(dir.raw_fd(), &c, lower_flags, mode) {
-            // An existing file the daemon does not own (O_CREAT without O_EXCL, daemon not root).
-            Err(e) if e.raw_os_error() == Some(libc::EPERM) => lower::openat(dir.raw_fd(), &c, lower_flags & !libc::O_NOATIME, mode),
-            other => other,
-        });
+        let open = |flags: i32| {
+            lower::with_umask(caller.umask, || match lower::openat(dir.raw_fd(), &c, flags, mode) {
+                // An existing file the daemon does not own (O_CREAT without O_EXCL, daemon not root).
+                Err(e) if e.raw_os_error() == Some(libc::EPERM) => lower::openat(dir.raw_fd(), &c, flags & !libc::O_NOATIME, mode),
+                other => other,
+            })
+        };
+        // O_EXCL first: a file the lower makes now is new, and contributed nothing to the
+        // mount's counters yet; one that was there is opened as O_CREAT alone opens it.
+        let (created, new_file) = match open(lower_flags | libc::O_EXCL) {
+            Err(e) if e.raw_os_error() == Some(libc::EEXIST) && flags & libc::O_EXCL == 0 => (open(lower_flags), false),
+            other => (other, true),
+        };
         let created = Arc::new(created?);
         self.give_to_caller(&dir, caller, |uid, gid| lower::fchown(&created, uid, gid))?;
         // The descriptor just opened is the inode's and serves its content: no lookup by name,
@@ -266,7 +317,7 @@ impl DenseFs {
         // A new file has no capabilities (none are inherited); the kernel asks before it writes.
         inode.no_capability.store(lower_flags & libc::O_EXCL != 0, Ordering::Relaxed);
         // Unless the table already knew the inode (O_CREAT of an existing file) and kept its own.
-        let fresh = Arc::ptr_eq(inode.file(), &created).then_some(stat);
+        let fresh = (new_file && Arc::ptr_eq(inode.file(), &created)).then_some(stat);
         drop(created);
         let fh = match self.open_inode(&inode, true, fresh) {
             Ok(fh) => fh,
@@ -323,10 +374,10 @@ impl DenseFs {
         let killed = changer.fsetid == Some(false) && self.kill_privileges(&self.inode(inode.nodeid)?, &changer)?;
         let written = match content {
             Content::Container(c) => c.write(offset, data)?,
-            Content::Plain(file) => {
+            Content::Plain(file) => self.plain_change(file, || {
                 file.write_all_at(data, offset)?;
-                data.len()
-            }
+                Ok(data.len())
+            })?,
         };
         if killed {
             self.kernel_attrs_stale(inode); // the mode changed
@@ -463,7 +514,7 @@ impl DenseFs {
     fn with_content<T>(&self, inode: &Node, f: impl FnOnce(&Content) -> FsResult<T>) -> FsResult<T> {
         let mut open = inode.open.lock();
         if let Some(c) = open.content.clone() {
-            c.make_writable(inode.raw_fd())?;
+            self.make_content_writable(&c, inode)?;
             drop(open);
             return f(&c);
         }
@@ -485,7 +536,7 @@ impl DenseFs {
     fn truncate_content(&self, content: &Content, size: u64) -> FsResult<()> {
         match content {
             Content::Container(c) => c.set_size(size),
-            Content::Plain(file) => Ok(file.set_len(size)?),
+            Content::Plain(file) => self.plain_change(file, || Ok(file.set_len(size)?)),
         }
     }
 
@@ -569,10 +620,7 @@ impl DenseFs {
             self.kernel_attrs_stale(&handle.inode);
         }
         match handle.content.clone() {
-            Content::Plain(file) => {
-                lower::fallocate(&file, mode, offset, len)?;
-                Ok(())
-            }
+            Content::Plain(file) => self.plain_change(&file, || Ok(lower::fallocate(&file, mode, offset, len)?)),
             Content::Container(c) => {
                 if !container_serves(mode) {
                     return Err(FsError::errno(libc::EOPNOTSUPP));

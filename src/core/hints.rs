@@ -16,6 +16,7 @@
 
 use super::container::Container;
 use super::lower::{self, XattrOn};
+use super::usage::Usage;
 use super::DenseFs;
 use crate::format::hints::{HintTrust, RunRecord, SizeHint, RUN_RECORD_LEN, SIZE_HINT_LEN};
 use std::ffi::CStr;
@@ -24,6 +25,8 @@ use std::os::fd::AsFd;
 
 const HINT_NAME: &CStr = c"user.densefs.size";
 const RECORD_NAME: &CStr = c"user.densefs.runs";
+/// The statistics a clean run saved (`usage.rs`).
+const USAGE_NAME: &CStr = c"user.densefs.usage";
 
 /// What this run does with hints.
 pub struct Hints {
@@ -94,6 +97,15 @@ impl DenseFs {
     pub fn begin_run(&self, writable: bool) {
         let Ok(root) = self.lower_root_dir() else { return };
         let previous = read_record(&root);
+        // The statistics the last run saved, if it ended cleanly (`usage.rs`).
+        if let Some(p) = previous.filter(|p| !p.running) {
+            let mut buf = vec![0u8; 64 * 1024];
+            if let Ok(n) = lower::getxattr_on(XattrOn::Fd(root.as_fd()), USAGE_NAME, &mut buf) {
+                if let Some(usage) = Usage::decode(&buf[..n], p.tree, p.run) {
+                    self.usage.set(usage);
+                }
+            }
+        }
         let hints = if writable {
             let record = RunRecord::begin(previous, random_tree_id());
             if let Err(e) = write_record(&root, &record) {
@@ -121,6 +133,12 @@ impl DenseFs {
             if read_record(&root) != Some(record) {
                 tracing::warn!("the lower's run record is another run's now: this run's end is not recorded");
                 return Ok(());
+            }
+            // The statistics first: the record's end is what makes them trusted.
+            if let Some(usage) = self.usage.current() {
+                if let Err(e) = lower::fsetxattr(&root, USAGE_NAME, &usage.encode(record.tree, record.run), 0) {
+                    tracing::info!("cannot save the statistics ({e}): the next run walks the tree for them");
+                }
             }
             write_record(&root, &record.end())
         });

@@ -24,6 +24,7 @@ pub mod props;
 mod recompress;
 mod report;
 pub mod store;
+mod usage;
 mod xattr;
 
 use crate::engine::{Engine, RecordPolicy};
@@ -194,6 +195,8 @@ pub struct DenseFs {
     hints: std::sync::OnceLock<hints::Hints>,
     /// Background compression, once `start_background` ran (a writable mount).
     background: std::sync::OnceLock<Arc<background::Background>>,
+    /// The mount's statistics as counters (`usage.rs`).
+    usage: Arc<usage::Accounting>,
 }
 
 /// The requests of one kind a transport received (the kernel's name of the kind).
@@ -274,6 +277,7 @@ impl DenseFs {
             last_report: Mutex::new(None),
             hints: std::sync::OnceLock::new(),
             background: std::sync::OnceLock::new(),
+            usage: Arc::default(),
         })
     }
 

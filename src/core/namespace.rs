@@ -2,13 +2,14 @@
 
 use super::inodes::Node;
 use super::lower::{self, cstr};
+use super::usage::Usage;
 use super::{Attr, Caller, DenseFs, DirEntry, FsError, FsResult, Kind};
 use crate::format::hints::SizeHint;
 use crate::format::layout::HEADER_BLOCK;
 use parking_lot::Mutex;
 use std::collections::{HashMap, VecDeque};
-use std::ffi::OsStr;
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::ffi::{CStr, OsStr};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
@@ -295,6 +296,7 @@ impl DenseFs {
         let dir = self.inode(parent)?;
         let c = cstr(name)?;
         lower::with_umask(caller.umask, || lower::mkdirat(dir.raw_fd(), &c, mode))?;
+        self.usage.apply(&Usage::directory(), &Usage::default());
         self.adopt(parent, name, caller)
     }
 
@@ -303,6 +305,12 @@ impl DenseFs {
         let dir = self.inode(parent)?;
         let c = cstr(name)?;
         lower::with_umask(caller.umask, || lower::mknodat(dir.raw_fd(), &c, mode, u64::from(rdev)))?;
+        if mode & libc::S_IFMT == libc::S_IFREG {
+            // A new empty plain file.
+            let blocks = lower::stat_at(dir.raw_fd(), name).map_or(0, |st| st.st_blocks as u64);
+            let stats = crate::inspect::FileStats { physical: blocks * 512, ..Default::default() };
+            self.usage.apply(&Usage::of_file(&stats), &Usage::default());
+        }
         self.adopt(parent, name, caller)
     }
 
@@ -328,7 +336,9 @@ impl DenseFs {
         let dir = self.inode(parent)?;
         let c = cstr(name)?;
         let unlinked = lower::id_and_links_at(dir.raw_fd(), &c);
+        let leaving = self.leaving_counters(dir.raw_fd(), &c, unlinked);
         lower::unlinkat(dir.raw_fd(), &c, 0)?;
+        self.left_counters(leaving);
         if let Some((dev, ino, links)) = unlinked {
             self.let_go_if_unlinked(dev, ino, links <= 1);
         }
@@ -339,6 +349,7 @@ impl DenseFs {
         let dir = self.inode(parent)?;
         let c = cstr(name)?;
         lower::unlinkat(dir.raw_fd(), &c, libc::AT_REMOVEDIR)?;
+        self.usage.apply(&Usage::default(), &Usage::directory());
         Ok(())
     }
 
@@ -352,7 +363,10 @@ impl DenseFs {
         let b = cstr(new_name)?;
         let moving = lower::id_at(from.raw_fd(), &a);
         let displaced = lower::id_and_links_at(to.raw_fd(), &b);
+        let replaced = displaced.filter(|&(dev, ino, _)| flags & libc::RENAME_EXCHANGE == 0 && moving != Some((dev, ino)));
+        let leaving = self.leaving_counters(to.raw_fd(), &b, replaced);
         lower::renameat2(from.raw_fd(), &a, to.raw_fd(), &b, flags)?;
+        self.left_counters(leaving);
         // Keep the inode table's idea of where things live (it reopens evicted inodes by name).
         if let Some((dev, ino)) = moving {
             self.inodes.moved(dev, ino, new_parent, new_name);
@@ -365,6 +379,38 @@ impl DenseFs {
             }
         }
         Ok(())
+    }
+
+    /// What the entry `name` in `dir` (`id`: its lower id and links) takes from the mount's
+    /// counters when it goes: a directory, or a regular file's last name (held open by the
+    /// returned descriptor, to be measured once it went).
+    fn leaving_counters(&self, dir: RawFd, name: &CStr, id: Option<(u64, u64, u64)>) -> Option<Leaving> {
+        let (dev, ino, links) = id?;
+        if !self.usage.known() {
+            return None;
+        }
+        let st = lower::stat_at(dir, OsStr::from_bytes(name.to_bytes())).ok()?;
+        match st.st_mode & libc::S_IFMT {
+            libc::S_IFDIR => Some(Leaving::Directory),
+            libc::S_IFREG if links <= 1 => {
+                let file = if self.usage.is_tracked((dev, ino)) {
+                    None
+                } else {
+                    let flags = libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NOATIME | libc::O_NONBLOCK | libc::O_CLOEXEC;
+                    lower::openat(dir, name, flags, 0).or_else(|_| lower::openat(dir, name, flags & !libc::O_NOATIME, 0)).ok()
+                };
+                Some(Leaving::File((dev, ino), file))
+            }
+            _ => None,
+        }
+    }
+
+    fn left_counters(&self, leaving: Option<Leaving>) {
+        match leaving {
+            Some(Leaving::Directory) => self.usage.apply(&Usage::default(), &Usage::directory()),
+            Some(Leaving::File(key, file)) => self.usage.remove_file(key, || file.map(|f| Usage::measure(&f)).unwrap_or_default()),
+            None => {}
+        }
     }
 
     pub fn link(&self, nodeid: u64, new_parent: u64, new_name: &OsStr) -> FsResult<Attr> {
@@ -511,6 +557,13 @@ impl DenseFs {
         let inode = self.inode(nodeid)?;
         Ok(std::fs::read_link(format!("/proc/self/fd/{}", inode.raw_fd()))?)
     }
+}
+
+/// An entry leaving the tree, for the mount's counters (`DenseFs::leaving_counters`).
+enum Leaving {
+    Directory,
+    /// A regular file's last name: its lower id, and its lower file when nothing tracks it.
+    File((u64, u64), Option<std::fs::File>),
 }
 
 #[cfg(test)]

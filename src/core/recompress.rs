@@ -14,6 +14,7 @@ use super::container::Container;
 use super::inodes::{Content, Node};
 use super::lower::{self, cstr};
 use super::props::PropertyValues;
+use super::usage::Usage;
 use super::{DenseFs, FsError, FsResult, KernelCache};
 use std::ffi::OsString;
 use std::os::unix::fs::MetadataExt;
@@ -79,7 +80,7 @@ impl DenseFs {
         let mut open = node.open.lock();
         let content = match &open.content {
             Some(c) => {
-                c.make_writable(node.raw_fd())?; // readers may have it open read-only
+                self.make_content_writable(c, node)?; // readers may have it open read-only
                 c.clone()
             }
             None => self.load_content(node, true, None)?,
@@ -150,6 +151,9 @@ impl DenseFs {
             copy_metadata(&lower_meta, lower::proc_path(node.raw_fd()), &file)?;
             let name = cstr(&name)?;
             lower::renameat(dir.raw_fd(), &tmp, dir.raw_fd(), &name)?;
+            // The counters: the old lower file's part goes (its last name did), the new one's comes.
+            self.usage.remove_file(node.lower_id(), || Usage::measure(content.file()));
+            self.usage.apply(&Usage::measure(&file), &Usage::default());
             lower::fsync(&lower::reopen(dir.raw_fd(), libc::O_RDONLY | libc::O_DIRECTORY)?)?;
             Ok(())
         };

@@ -3,6 +3,7 @@
 
 use super::inodes::Node;
 use super::props::{self, format_recordsize, LocalProps, PropertyValues, PROPERTIES, SETTABLE};
+use super::usage::Usage;
 use super::{DenseFs, FsError, FsResult, Kind, ROOT};
 use crate::inspect::{inspect, FileStats, Problem};
 use serde_json::{json, Value};
@@ -239,14 +240,33 @@ impl DenseFs {
         let path = self.mount_path(&node);
         let kind = super::Kind::from_mode(node.kind);
         let mut out = Walk::default();
+        // Where the statistics come from: a walk of the lower files, or the mount's counters.
+        let mut from = "walk";
         let (stats, properties) = match kind {
             Kind::Dir => {
                 let eff = self.effective(&node)?;
                 let lower = PathBuf::from(self.label(&node));
                 let stats = if what == ReportKind::Properties {
                     FileStats::default()
+                } else if let Some(usage) = (nodeid == ROOT && what == ReportKind::Stats).then(|| self.usage.current()).flatten() {
+                    // The mount's counters: no walk (`usage.rs`).
+                    from = "counters";
+                    out.files = usage.files;
+                    out.containers = usage.containers;
+                    out.directories = usage.directories;
+                    usage.stats
                 } else {
-                    self.walk(&lower, &path, verify, datasets, &mut out)
+                    let stats = self.walk(&lower, &path, verify, datasets, &mut out);
+                    if nodeid == ROOT {
+                        // A walk of the whole mount rebuilds the counters.
+                        self.usage.set(Usage {
+                            files: out.files,
+                            containers: out.containers,
+                            directories: out.directories,
+                            stats: stats.clone(),
+                        });
+                    }
+                    stats
                 };
                 let props: serde_json::Map<String, Value> = PROPERTIES
                     .iter()
@@ -256,6 +276,7 @@ impl DenseFs {
                 (stats, props)
             }
             Kind::File => {
+                from = "file";
                 let file = super::lower::reopen_read(node.raw_fd(), true)?;
                 let stats = inspect(&file, verify)?;
                 out.files = 1;
@@ -278,6 +299,7 @@ impl DenseFs {
             "kind": if kind == Kind::Dir { "directory" } else { "file" },
             "properties": properties,
             "stats": stats_json(&stats),
+            "stats_from": if what == ReportKind::Properties { "none" } else { from },
             "files": out.files,
             "containers": out.containers,
             "directories": out.directories,

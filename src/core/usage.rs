@@ -1,0 +1,261 @@
+//! The mount's statistics kept as counters (as ZFS keeps a dataset's `used`), so that `densefs
+//! get` on the mount root answers without walking the lower tree.
+//!
+//! Each regular file contributes what `inspect` (the walk's own measure) says of its lower file.
+//! A file is measured when a container is first made writable for it (none for a file `create`
+//! makes: it contributed nothing), and again when the last such container goes, after its last
+//! landing; the counters move by the difference. An unlink or a rename over the last name takes
+//! the file's contribution away; mkdir and rmdir count directories; a plain lower file written
+//! in place is measured around each change. A report measures the files still being written.
+//!
+//! The counters are saved in the lower root at a clean unmount, tied to the run record
+//! (`hints.rs`): a run that did not end cleanly, a lower without extended attributes, or a first
+//! mount leaves them unknown, and the first report on the root rebuilds them by a walk (as
+//! `densefs scrub` does every time). Changes made directly in the lower behind densefs's back
+//! are seen after the next walk.
+
+use crate::inspect::{inspect, FileStats};
+use parking_lot::Mutex;
+use serde_json::{json, Value};
+use std::collections::HashMap;
+use std::fs::File;
+use std::sync::Arc;
+
+/// What a tree holds, as the walk counts it.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Usage {
+    pub files: u64,
+    pub containers: u64,
+    pub directories: u64,
+    /// The sums of the files' statistics (only the summed fields are kept).
+    pub stats: FileStats,
+}
+
+impl Usage {
+    /// One regular file's contribution.
+    pub fn of_file(stats: &FileStats) -> Usage {
+        let mut sum = FileStats::default();
+        sum.add(stats);
+        Usage { files: 1, containers: stats.container as u64, directories: 0, stats: sum }
+    }
+
+    /// A lower file's contribution now (none where it cannot be read: the walk skips it too).
+    pub fn measure(file: &File) -> Usage {
+        inspect(file, false).map(|s| Usage::of_file(&s)).unwrap_or_default()
+    }
+
+    pub fn directory() -> Usage {
+        Usage { directories: 1, ..Usage::default() }
+    }
+
+    fn add(&mut self, o: &Usage) {
+        self.files += o.files;
+        self.containers += o.containers;
+        self.directories += o.directories;
+        self.stats.add(&o.stats);
+    }
+
+    fn sub(&mut self, o: &Usage) {
+        self.files = self.files.saturating_sub(o.files);
+        self.containers = self.containers.saturating_sub(o.containers);
+        self.directories = self.directories.saturating_sub(o.directories);
+        self.stats.sub(&o.stats);
+    }
+
+    /// The saved form (`user.densefs.usage` on the lower root, docs/FORMAT.md), for run `run`
+    /// of tree `tree`.
+    pub fn encode(&self, tree: u16, run: u32) -> Vec<u8> {
+        let s = &self.stats;
+        json!({
+            "version": 1, "tree": tree, "run": run,
+            "files": self.files, "containers": self.containers, "directories": self.directories,
+            "written": s.logical_size, "logicalused": s.logical_data, "used": s.physical,
+            "stored": s.stored_data, "lower_length": s.lower_length,
+            "raw_low_savings": s.raw_low_savings, "records": s.records,
+        })
+        .to_string()
+        .into_bytes()
+    }
+
+    /// The counters saved for run `run` of tree `tree`, if that is what `value` holds.
+    pub fn decode(value: &[u8], tree: u16, run: u32) -> Option<Usage> {
+        let v: Value = serde_json::from_slice(value).ok()?;
+        let n = |k: &str| v[k].as_u64();
+        if n("version")? != 1 || n("tree")? != u64::from(tree) || n("run")? != u64::from(run) {
+            return None;
+        }
+        let records = v["records"].as_object()?.iter().map(|(k, c)| Some((k.clone(), c.as_u64()?))).collect::<Option<_>>()?;
+        let stats = FileStats {
+            logical_size: n("written")?,
+            logical_data: n("logicalused")?,
+            physical: n("used")?,
+            stored_data: n("stored")?,
+            lower_length: n("lower_length")?,
+            raw_low_savings: n("raw_low_savings")?,
+            records,
+            ..FileStats::default()
+        };
+        Some(Usage { files: n("files")?, containers: n("containers")?, directories: n("directories")?, stats })
+    }
+}
+
+/// A file being changed through writable containers: its contribution as last counted.
+struct Tracked {
+    key: (u64, u64),
+    file: Arc<File>,
+    state: Mutex<TrackedState>,
+}
+
+struct TrackedState {
+    counted: Usage,
+    /// Containers holding it.
+    holders: usize,
+    /// Its last name went: it no longer counts.
+    gone: bool,
+}
+
+/// The mount's counters, and the files being changed.
+#[derive(Default)]
+pub struct Accounting {
+    /// `None`: unknown until a walk rebuilds them.
+    totals: Mutex<Option<Usage>>,
+    tracked: Mutex<HashMap<(u64, u64), Arc<Tracked>>>,
+}
+
+/// Held by a writable container; when the last one of a file goes (after its last landing),
+/// the file is measured again and the counters move by what changed.
+pub struct UsageHold {
+    accounting: Arc<Accounting>,
+    tracked: Arc<Tracked>,
+}
+
+impl Drop for UsageHold {
+    fn drop(&mut self) {
+        self.accounting.release(&self.tracked);
+    }
+}
+
+impl Accounting {
+    /// The counters now, if known; the files being changed are measured first.
+    pub fn current(&self) -> Option<Usage> {
+        if self.totals.lock().is_none() {
+            return None;
+        }
+        let tracked: Vec<_> = self.tracked.lock().values().cloned().collect();
+        for t in tracked {
+            let mut st = t.state.lock();
+            if !st.gone {
+                let now = Usage::measure(&t.file);
+                self.apply(&now, &st.counted);
+                st.counted = now;
+            }
+        }
+        self.totals.lock().clone()
+    }
+
+    /// Counters a walk found, or a clean run saved.
+    pub fn set(&self, usage: Usage) {
+        *self.totals.lock() = Some(usage);
+    }
+
+    pub fn known(&self) -> bool {
+        self.totals.lock().is_some()
+    }
+
+    /// Moves the counters by `after - before`.
+    pub fn apply(&self, after: &Usage, before: &Usage) {
+        if let Some(totals) = self.totals.lock().as_mut() {
+            totals.add(after);
+            totals.sub(before);
+        }
+    }
+
+    /// Starts (or joins) tracking the file `key` whose lower file is `file`: `counted` says what
+    /// it contributes now (nothing, for a file just created), asked only if nobody tracks it.
+    pub fn track(self: &Arc<Self>, key: (u64, u64), file: &Arc<File>, counted: impl FnOnce() -> Usage) -> UsageHold {
+        let mut map = self.tracked.lock();
+        let tracked = match map.get(&key) {
+            Some(t) => {
+                t.state.lock().holders += 1;
+                t.clone()
+            }
+            None => {
+                let t = Arc::new(Tracked {
+                    key,
+                    file: file.clone(),
+                    state: Mutex::new(TrackedState { counted: counted(), holders: 1, gone: false }),
+                });
+                map.insert(key, t.clone());
+                t
+            }
+        };
+        UsageHold { accounting: self.clone(), tracked }
+    }
+
+    fn release(&self, tracked: &Arc<Tracked>) {
+        let mut map = self.tracked.lock();
+        let mut st = tracked.state.lock();
+        st.holders -= 1;
+        if st.holders > 0 {
+            return;
+        }
+        if map.get(&tracked.key).is_some_and(|t| Arc::ptr_eq(t, tracked)) {
+            map.remove(&tracked.key);
+        }
+        drop(map);
+        if !st.gone {
+            let now = Usage::measure(&tracked.file);
+            self.apply(&now, &st.counted);
+            st.counted = now;
+        }
+    }
+
+    /// The last name of the file `key` is about to go: what it contributes goes with it (as
+    /// last counted where it is being changed, else `measure`d now).
+    pub fn remove_file(&self, key: (u64, u64), measure: impl FnOnce() -> Usage) {
+        let tracked = self.tracked.lock().remove(&key);
+        match tracked {
+            Some(t) => {
+                let mut st = t.state.lock();
+                if !st.gone {
+                    st.gone = true;
+                    self.apply(&Usage::default(), &st.counted);
+                }
+            }
+            None => self.apply(&Usage::default(), &measure()),
+        }
+    }
+
+    /// Whether the file `key` is being changed through a container (which counts its changes).
+    pub fn is_tracked(&self, key: (u64, u64)) -> bool {
+        self.tracked.lock().contains_key(&key)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_saved_form_reads_back_only_for_its_run() {
+        let mut stats =
+            FileStats { logical_size: 10, logical_data: 9, physical: 4096, stored_data: 3, lower_length: 8192, ..Default::default() };
+        stats.records.insert("zstd-3".into(), 2);
+        let u = Usage { files: 3, containers: 2, directories: 1, ..Usage::of_file(&stats) };
+        let saved = u.encode(7, 42);
+        assert_eq!(Usage::decode(&saved, 7, 42), Some(u));
+        assert_eq!(Usage::decode(&saved, 7, 43), None, "another run's");
+        assert_eq!(Usage::decode(&saved, 8, 42), None, "another tree's");
+        assert_eq!(Usage::decode(b"{}", 7, 42), None);
+    }
+
+    #[test]
+    fn unknown_counters_stay_unknown_until_set() {
+        let a = Accounting::default();
+        a.apply(&Usage::directory(), &Usage::default());
+        assert_eq!(a.current(), None);
+        a.set(Usage::default());
+        a.apply(&Usage::directory(), &Usage::default());
+        assert_eq!(a.current().unwrap().directories, 1);
+    }
+}
