@@ -219,7 +219,12 @@ fn every_metric_the_grafana_dashboard_queries_is_exported() {
     let m = Mount::new(&d.lower, &d.mnt, "");
     std::fs::write(m.path("f"), compressible(1 << 20, 1)).unwrap();
     assert_eq!(std::fs::read(m.path("f")).unwrap().len(), 1 << 20);
+    // The mount's statistics are exported once its counters are known (a walk in the
+    // background at mount, where no clean run saved them): the file's bytes are among them.
+    common::wait_until("densefs_used_bytes", || sum_of(&metrics_text(&m.mnt), "densefs_used_bytes") > 0.0);
     let text = metrics_text(&m.mnt);
+    assert!(sum_of(&text, "densefs_logical_used_bytes") >= (1 << 20) as f64, "{text}");
+    assert_eq!(sum_of(&text, "densefs_files"), 1.0);
     let exported: std::collections::BTreeSet<&str> = text
         .lines()
         .filter(|l| !l.starts_with('#'))

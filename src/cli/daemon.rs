@@ -271,6 +271,7 @@ pub(super) fn serve(
     // Mounted: only now does this run count as one (a mount that fails leaves the record as
     // the last run left it, and its hints trusted).
     fs.begin_run(!config.read_only());
+    fs.start_usage_rebuild();
     if !config.read_only() {
         let at = mountpoint.to_path_buf();
         // Remounted read-only (`mount -o remount,ro`): the kernel's flag, which the daemon reads

@@ -202,6 +202,25 @@ pub fn render(s: &Value) -> String {
     ] {
         Family::new(&mut out, name, kind, help).sample(name, &[], num(value));
     }
+    // The mount's statistics (`densefs get`'s, from its counters): absent until they are known.
+    let usage = &s["usage"];
+    for (name, key, help) in [
+        ("densefs_used_bytes", "used", "Bytes the mount's files take on the lower file system (densefs get used)."),
+        ("densefs_logical_used_bytes", "logicalused", "Bytes of data the mount's files hold, holes excluded (logicalused)."),
+        ("densefs_logical_size_bytes", "written", "The mount's file sizes together, as ls -l shows them (written)."),
+        ("densefs_files", "files", "Regular files in the mount (a hard-linked file once)."),
+        ("densefs_directories", "directories", "Directories in the mount, its root included."),
+    ] {
+        let mut f = Family::new(&mut out, name, "gauge", help);
+        if !usage.is_null() {
+            f.sample(name, &[], num(&usage[key]));
+        }
+    }
+    let name = "densefs_stored_records";
+    let mut f = Family::new(&mut out, name, "gauge", "Records the mount's files hold, by how each is stored (a codec, raw or hole).");
+    for (kind, n) in usage["records"].as_object().into_iter().flatten() {
+        f.sample(name, &[("kind", kind)], num(n));
+    }
     let name = "densefs_fuse_requests_total";
     let mut f = Family::new(&mut out, name, "counter", "FUSE requests the kernel sent the daemon, by operation.");
     let requests = s["requests"].as_object().cloned().unwrap_or_default();

@@ -10,6 +10,7 @@ use serde_json::{json, Value};
 use std::collections::HashSet;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 /// Where a property's value comes from.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -245,7 +246,9 @@ impl DenseFs {
         let (stats, properties) = match kind {
             Kind::Dir => {
                 let eff = self.effective(&node)?;
-                let lower = PathBuf::from(self.label(&node));
+                // Through the descriptor: the lower's path may lead to this very mount (mounted
+                // over the lower directory itself).
+                let lower = PathBuf::from(lower_dir_path(&node));
                 let stats = if what == ReportKind::Properties {
                     FileStats::default()
                 } else if let Some(usage) = (nodeid == ROOT && what == ReportKind::Stats).then(|| self.usage.current()).flatten() {
@@ -256,15 +259,14 @@ impl DenseFs {
                     out.directories = usage.directories;
                     usage.stats
                 } else {
+                    let changes = self.usage.changes();
                     let stats = self.walk(&lower, &path, verify, datasets, &mut out);
                     if nodeid == ROOT {
-                        // A walk of the whole mount rebuilds the counters.
-                        self.usage.set(Usage {
-                            files: out.files,
-                            containers: out.containers,
-                            directories: out.directories,
-                            stats: stats.clone(),
-                        });
+                        // A walk of the whole mount rebuilds the counters (if nothing changed
+                        // meanwhile; else the background rebuild tries again).
+                        let usage =
+                            Usage { files: out.files, containers: out.containers, directories: out.directories, stats: stats.clone() };
+                        self.usage.adopt_walk(usage, changes);
                     }
                     stats
                 };
@@ -329,6 +331,14 @@ impl DenseFs {
         value["inodes"] = serde_json::json!({"known": known, "descriptors": open_fds});
         // Times the kernel was told to drop a file's attributes after the daemon's own writes.
         value["background"] = self.background_snapshot();
+        // The mount's statistics as its counters stand (files still being written count as
+        // last measured); null until they are known (`usage.rs`).
+        value["usage"] = self.usage.settled().map_or(Value::Null, |u| {
+            let mut v = stats_json(&u.stats);
+            v["files"] = u.files.into();
+            v["directories"] = u.directories.into();
+            v
+        });
         value["kernel"] = serde_json::json!({"attr_drops": self.kernel_attr_drops.load(std::sync::atomic::Ordering::Relaxed)});
         value["requests"] = self
             .request_census()
@@ -341,6 +351,39 @@ impl DenseFs {
         value
     }
 
+    /// Counters no clean run saved are rebuilt by a walk of the tree on a thread the kernel
+    /// schedules after everything else (idle CPU and I/O class), tried again while files change
+    /// during it; until then the first report on the root walks (`usage.rs`).
+    pub fn start_usage_rebuild(self: &Arc<Self>) {
+        if self.usage.known() {
+            return;
+        }
+        let weak = Arc::downgrade(self);
+        let spawned = std::thread::Builder::new().name("densefs-usage".into()).spawn(move || {
+            super::lower::run_when_idle();
+            loop {
+                let Some(fs) = weak.upgrade() else { return };
+                if fs.usage.known() {
+                    return;
+                }
+                let changes = fs.usage.changes();
+                let mut out = Walk::default();
+                let Ok(root) = fs.inode(ROOT) else { return };
+                let stats = fs.walk(Path::new(&lower_dir_path(&root)), "/", false, false, &mut out);
+                let usage = Usage { files: out.files, containers: out.containers, directories: out.directories, stats };
+                if fs.usage.adopt_walk(usage, changes) {
+                    tracing::info!("statistics counted: {} files, {} directories", out.files, out.directories);
+                    return;
+                }
+                drop(fs);
+                std::thread::sleep(std::time::Duration::from_secs(5));
+            }
+        });
+        if let Err(e) = spawned {
+            tracing::warn!("no thread to count the statistics ({e}): the first report walks");
+        }
+    }
+
     fn flush_open_files(&self) {
         for content in self.inodes.open_contents() {
             if let super::inodes::Content::Container(c) = content {
@@ -350,6 +393,11 @@ impl DenseFs {
             }
         }
     }
+}
+
+/// A path that reaches the lower directory `node` itself (its descriptor's magic link).
+fn lower_dir_path(node: &Node) -> String {
+    format!("/proc/self/fd/{}", node.raw_fd())
 }
 
 fn stats_json(s: &FileStats) -> Value {

@@ -19,6 +19,7 @@ use parking_lot::Mutex;
 use serde_json::{json, Value};
 use std::collections::HashMap;
 use std::fs::File;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 /// What a tree holds, as the walk counts it.
@@ -120,6 +121,9 @@ pub struct Accounting {
     /// `None`: unknown until a walk rebuilds them.
     totals: Mutex<Option<Usage>>,
     tracked: Mutex<HashMap<(u64, u64), Arc<Tracked>>>,
+    /// Changes counted (or not, while unknown) so far: a walk's result is adopted only if none
+    /// came during it (`adopt_walk`).
+    changes: AtomicU64,
 }
 
 /// Held by a writable container; when the last one of a file goes (after its last landing),
@@ -153,9 +157,33 @@ impl Accounting {
         self.totals.lock().clone()
     }
 
-    /// Counters a walk found, or a clean run saved.
+    /// Counters a clean run saved.
     pub fn set(&self, usage: Usage) {
         *self.totals.lock() = Some(usage);
+    }
+
+    /// The counters as the last changes left them, without measuring the files being changed
+    /// (cheap: what the metrics show).
+    pub fn settled(&self) -> Option<Usage> {
+        self.totals.lock().clone()
+    }
+
+    /// Where the changes stand, before a walk.
+    pub fn changes(&self) -> u64 {
+        self.changes.load(Ordering::SeqCst)
+    }
+
+    /// Takes what a walk of the whole tree found as the counters, if nothing changed during it
+    /// (`changes_before`: `changes()` before it began) and no file is being changed now: a walk
+    /// may meet a file half landed, whose own count at its end would then be off. Says whether.
+    pub fn adopt_walk(&self, usage: Usage, changes_before: u64) -> bool {
+        let tracked = self.tracked.lock();
+        let mut totals = self.totals.lock();
+        if !tracked.is_empty() || self.changes() != changes_before {
+            return false;
+        }
+        *totals = Some(usage);
+        true
     }
 
     pub fn known(&self) -> bool {
@@ -164,6 +192,7 @@ impl Accounting {
 
     /// Moves the counters by `after - before`.
     pub fn apply(&self, after: &Usage, before: &Usage) {
+        self.changes.fetch_add(1, Ordering::SeqCst);
         if let Some(totals) = self.totals.lock().as_mut() {
             totals.add(after);
             totals.sub(before);
@@ -174,6 +203,7 @@ impl Accounting {
     /// it contributes now (nothing, for a file just created), asked only if nobody tracks it.
     pub fn track(self: &Arc<Self>, key: (u64, u64), file: &Arc<File>, counted: impl FnOnce() -> Usage) -> UsageHold {
         let mut map = self.tracked.lock();
+        self.changes.fetch_add(1, Ordering::SeqCst);
         let tracked = match map.get(&key) {
             Some(t) => {
                 t.state.lock().holders += 1;
@@ -250,11 +280,14 @@ mod tests {
     }
 
     #[test]
-    fn unknown_counters_stay_unknown_until_set() {
+    fn unknown_counters_stay_unknown_until_a_quiet_walk() {
         let a = Accounting::default();
         a.apply(&Usage::directory(), &Usage::default());
         assert_eq!(a.current(), None);
-        a.set(Usage::default());
+        let before = a.changes();
+        a.apply(&Usage::directory(), &Usage::default());
+        assert!(!a.adopt_walk(Usage::default(), before), "a change came during the walk");
+        assert!(a.adopt_walk(Usage::default(), a.changes()));
         a.apply(&Usage::directory(), &Usage::default());
         assert_eq!(a.current().unwrap().directories, 1);
     }
