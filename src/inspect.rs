@@ -80,6 +80,11 @@ impl FileStats {
 /// Statistics of one lower file; with `verify`, every current record is read, checksummed and
 /// decoded, and each failure is listed.
 pub fn inspect(file: &File, verify: bool) -> io::Result<FileStats> {
+    inspect_owned(file.try_clone()?, verify)
+}
+
+/// As `inspect`, on a descriptor of its own (no duplicate made: a walk opens each file anyway).
+pub fn inspect_owned(file: File, verify: bool) -> io::Result<FileStats> {
     let meta = file.metadata()?;
     let mut stats = FileStats { physical: meta.blocks() * 512, lower_length: meta.len(), ..FileStats::default() };
     let mut block = vec![0u8; 4096];
@@ -105,7 +110,7 @@ pub fn inspect(file: &File, verify: bool) -> io::Result<FileStats> {
     stats.compression = Some(header.setting.to_string());
     let layout = header.layout;
     // Tables and slots are read as the container reads them (not healed: what is on the disk).
-    let store = Store::reader(file.try_clone()?, layout, header.checksum, None);
+    let store = Store::reader(file, layout, header.checksum, None);
     let records = layout.plain_size_to_records(header.size);
     let mut table = Box::default();
     let mut table_group = u64::MAX;

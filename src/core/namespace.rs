@@ -335,8 +335,9 @@ impl DenseFs {
         hidden(name, libc::ENOENT)?;
         let dir = self.inode(parent)?;
         let c = cstr(name)?;
-        let unlinked = lower::id_and_links_at(dir.raw_fd(), &c);
-        let leaving = self.leaving_counters(dir.raw_fd(), &c, unlinked);
+        let st = lower::entry_stat_at(dir.raw_fd(), &c);
+        let unlinked = st.as_ref().map(lower::id_and_links);
+        let leaving = self.leaving_counters(dir.raw_fd(), &c, st);
         lower::unlinkat(dir.raw_fd(), &c, 0)?;
         self.left_counters(leaving);
         if let Some((dev, ino, links)) = unlinked {
@@ -362,8 +363,9 @@ impl DenseFs {
         let a = cstr(name)?;
         let b = cstr(new_name)?;
         let moving = lower::id_at(from.raw_fd(), &a);
-        let displaced = lower::id_and_links_at(to.raw_fd(), &b);
-        let replaced = displaced.filter(|&(dev, ino, _)| flags & libc::RENAME_EXCHANGE == 0 && moving != Some((dev, ino)));
+        let displaced_st = lower::entry_stat_at(to.raw_fd(), &b);
+        let displaced = displaced_st.as_ref().map(lower::id_and_links);
+        let replaced = displaced_st.filter(|st| flags & libc::RENAME_EXCHANGE == 0 && moving != Some((st.st_dev, st.st_ino)));
         let leaving = self.leaving_counters(to.raw_fd(), &b, replaced);
         lower::renameat2(from.raw_fd(), &a, to.raw_fd(), &b, flags)?;
         self.left_counters(leaving);
@@ -381,15 +383,15 @@ impl DenseFs {
         Ok(())
     }
 
-    /// What the entry `name` in `dir` (`id`: its lower id and links) takes from the mount's
+    /// What the entry `name` in `dir` (`st`: its lower status) takes from the mount's
     /// counters when it goes: a directory, or a regular file's last name (held open by the
     /// returned descriptor, to be measured once it went).
-    fn leaving_counters(&self, dir: RawFd, name: &CStr, id: Option<(u64, u64, u64)>) -> Option<Leaving> {
-        let (dev, ino, links) = id?;
+    fn leaving_counters(&self, dir: RawFd, name: &CStr, st: Option<libc::stat>) -> Option<Leaving> {
+        let st = st?;
+        let (dev, ino, links) = lower::id_and_links(&st);
         if !self.usage.known() {
             return None;
         }
-        let st = lower::stat_at(dir, OsStr::from_bytes(name.to_bytes())).ok()?;
         match st.st_mode & libc::S_IFMT {
             libc::S_IFDIR => Some(Leaving::Directory),
             libc::S_IFREG if links <= 1 => {
@@ -399,7 +401,11 @@ impl DenseFs {
                     let flags = libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NOATIME | libc::O_NONBLOCK | libc::O_CLOEXEC;
                     lower::openat(dir, name, flags, 0).or_else(|_| lower::openat(dir, name, flags & !libc::O_NOATIME, 0)).ok()
                 };
-                Some(Leaving::File((dev, ino), file))
+                match file {
+                    // Measured on another thread: a small file's blocks are few to wait for.
+                    Some(file) if st.st_size <= MEASURE_LATER_BELOW => Some(Leaving::Later((dev, ino), file)),
+                    file => Some(Leaving::File((dev, ino), file)),
+                }
             }
             _ => None,
         }
@@ -408,7 +414,8 @@ impl DenseFs {
     fn left_counters(&self, leaving: Option<Leaving>) {
         match leaving {
             Some(Leaving::Directory) => self.usage.apply(&Usage::default(), &Usage::directory()),
-            Some(Leaving::File(key, file)) => self.usage.remove_file(key, || file.map(|f| Usage::measure(&f)).unwrap_or_default()),
+            Some(Leaving::File(key, file)) => self.usage.remove_file(key, || file.map(Usage::measure_owned).unwrap_or_default()),
+            Some(Leaving::Later(key, file)) => self.usage.remove_file_later(key, file),
             None => {}
         }
     }
@@ -564,7 +571,12 @@ enum Leaving {
     Directory,
     /// A regular file's last name: its lower id, and its lower file when nothing tracks it.
     File((u64, u64), Option<std::fs::File>),
+    /// The same, a small file, measured after the unlink answered.
+    Later((u64, u64), std::fs::File),
 }
+
+/// Files up to this lower length are measured after their unlink answered (`Leaving::Later`).
+const MEASURE_LATER_BELOW: i64 = 1 << 20;
 
 #[cfg(test)]
 mod tests {

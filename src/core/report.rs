@@ -5,7 +5,7 @@ use super::inodes::Node;
 use super::props::{self, format_recordsize, LocalProps, PropertyValues, PROPERTIES, SETTABLE};
 use super::usage::Usage;
 use super::{DenseFs, FsError, FsResult, Kind, ROOT};
-use crate::inspect::{inspect, FileStats, Problem};
+use crate::inspect::{inspect, inspect_owned, FileStats, Problem};
 use serde_json::{json, Value};
 use std::collections::HashSet;
 use std::os::unix::fs::MetadataExt;
@@ -193,7 +193,7 @@ impl DenseFs {
                         continue;
                     }
                 }
-                match open_noatime(&entry.path()).and_then(|f| inspect(&f, verify)) {
+                match open_noatime(&entry.path()).and_then(|f| inspect_owned(f, verify)) {
                     Ok(stats) => {
                         out.files += 1;
                         out.containers += stats.container as u64;

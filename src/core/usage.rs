@@ -14,10 +14,10 @@
 //! `densefs scrub` does every time). Changes made directly in the lower behind densefs's back
 //! are seen after the next walk.
 
-use crate::inspect::{inspect, FileStats};
-use parking_lot::Mutex;
+use crate::inspect::{inspect, inspect_owned, FileStats};
+use parking_lot::{Condvar, Mutex};
 use serde_json::{json, Value};
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::fs::File;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -43,6 +43,11 @@ impl Usage {
     /// A lower file's contribution now (none where it cannot be read: the walk skips it too).
     pub fn measure(file: &File) -> Usage {
         inspect(file, false).map(|s| Usage::of_file(&s)).unwrap_or_default()
+    }
+
+    /// As `measure`, on a descriptor it closes after.
+    pub fn measure_owned(file: File) -> Usage {
+        inspect_owned(file, false).map(|s| Usage::of_file(&s)).unwrap_or_default()
     }
 
     pub fn directory() -> Usage {
@@ -124,7 +129,24 @@ pub struct Accounting {
     /// Changes counted (or not, while unknown) so far: a walk's result is adopted only if none
     /// came during it (`adopt_walk`).
     changes: AtomicU64,
+    /// Small files whose last name went, held open until measured (`remove_file_later`).
+    leaving: Mutex<Leaving>,
+    left: Condvar,
 }
+
+#[derive(Default)]
+struct Leaving {
+    queue: VecDeque<((u64, u64), File)>,
+    /// Taken from the queue, being measured.
+    measuring: usize,
+    threads: usize,
+}
+
+/// Files waiting to be measured after their unlink, at most: beyond, the unlink measures its
+/// file itself. Their blocks come back once measured (milliseconds).
+const LEAVING_LIMIT: usize = 64;
+/// Threads that measure them: a cold file's header is a random read, which several overlap.
+const LEAVING_THREADS: usize = 4;
 
 /// Held by a writable container; when the last one of a file goes (after its last landing),
 /// the file is measured again and the counters move by what changed.
@@ -140,8 +162,10 @@ impl Drop for UsageHold {
 }
 
 impl Accounting {
-    /// The counters now, if known; the files being changed are measured first.
+    /// The counters now, if known; the files being changed are measured first (and the files
+    /// deleted lately, `remove_file_later`).
     pub fn current(&self) -> Option<Usage> {
+        self.wait_for_leaving();
         if self.totals.lock().is_none() {
             return None;
         }
@@ -178,8 +202,9 @@ impl Accounting {
     /// may meet a file half landed, whose own count at its end would then be off. Says whether.
     pub fn adopt_walk(&self, usage: Usage, changes_before: u64) -> bool {
         let tracked = self.tracked.lock();
+        let leaving = self.leaving.lock();
         let mut totals = self.totals.lock();
-        if !tracked.is_empty() || self.changes() != changes_before {
+        if !tracked.is_empty() || !leaving.queue.is_empty() || leaving.measuring > 0 || self.changes() != changes_before {
             return false;
         }
         *totals = Some(usage);
@@ -253,6 +278,58 @@ impl Accounting {
                 }
             }
             None => self.apply(&Usage::default(), &measure()),
+        }
+    }
+
+    /// As `remove_file` for a small file no container tracks, whose lower file `file` is held
+    /// open: it is measured on another thread, so that an `rm -rf` does not wait for each
+    /// file's header to be read from the disk in turn.
+    pub fn remove_file_later(self: &Arc<Self>, key: (u64, u64), file: File) {
+        let mut leaving = self.leaving.lock();
+        if leaving.queue.len() >= LEAVING_LIMIT {
+            drop(leaving);
+            return self.apply(&Usage::default(), &Usage::measure_owned(file));
+        }
+        self.changes.fetch_add(1, Ordering::SeqCst);
+        leaving.queue.push_back((key, file));
+        if leaving.threads < LEAVING_THREADS.min(leaving.queue.len()) {
+            let me = self.clone();
+            let spawned = std::thread::Builder::new().name("densefs-unlinked".into()).spawn(move || me.measure_leaving());
+            if spawned.is_ok() {
+                leaving.threads += 1;
+            }
+        }
+        if leaving.threads == 0 {
+            let (_, file) = leaving.queue.pop_back().expect("just pushed");
+            drop(leaving);
+            self.apply(&Usage::default(), &Usage::measure_owned(file));
+            return;
+        }
+        self.left.notify_all();
+    }
+
+    fn measure_leaving(&self) {
+        let mut leaving = self.leaving.lock();
+        loop {
+            let Some((_, file)) = leaving.queue.pop_front() else {
+                self.left.wait(&mut leaving);
+                continue;
+            };
+            leaving.measuring += 1;
+            drop(leaving);
+            let usage = Usage::measure_owned(file);
+            self.apply(&Usage::default(), &usage);
+            leaving = self.leaving.lock();
+            leaving.measuring -= 1;
+            self.left.notify_all();
+        }
+    }
+
+    /// Waits until every file `remove_file_later` took is measured and closed.
+    pub fn wait_for_leaving(&self) {
+        let mut leaving = self.leaving.lock();
+        while !leaving.queue.is_empty() || leaving.measuring > 0 {
+            self.left.wait(&mut leaving);
         }
     }
 

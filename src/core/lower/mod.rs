@@ -223,12 +223,23 @@ pub fn id_at(dir: RawFd, name: &CStr) -> Option<(u64, u64)> {
 
 /// As `id_at`, with the entry's link count.
 pub fn id_and_links_at(dir: RawFd, name: &CStr) -> Option<(u64, u64, u64)> {
+    entry_stat_at(dir, name).map(|st| id_and_links(&st))
+}
+
+/// The (device, inode number, link count) a status names.
+pub fn id_and_links(st: &libc::stat) -> (u64, u64, u64) {
+    #[allow(clippy::useless_conversion)] // nlink_t is u32 on some targets
+    (st.st_dev, st.st_ino, u64::from(st.st_nlink))
+}
+
+/// The status of `name` in directory `dir`, not following a symlink; `None` if it cannot be
+/// stat'ed.
+pub fn entry_stat_at(dir: RawFd, name: &CStr) -> Option<libc::stat> {
     // SAFETY: `stat` is a plain C struct of integers; all zeros is a valid value.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
     // SAFETY: `name` is NUL-terminated; fstatat writes only into `st`.
     let found = unsafe { libc::fstatat(dir, name.as_ptr(), &mut st, libc::AT_SYMLINK_NOFOLLOW) } == 0;
-    #[allow(clippy::useless_conversion)] // nlink_t is u32 on some targets
-    found.then_some((st.st_dev, st.st_ino, u64::from(st.st_nlink)))
+    found.then_some(st)
 }
 
 /// fstat of any descriptor, O_PATH ones included (fstatat with AT_EMPTY_PATH), not following a
