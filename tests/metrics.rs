@@ -221,7 +221,7 @@ fn every_metric_the_grafana_dashboard_queries_is_exported() {
     assert_eq!(std::fs::read(m.path("f")).unwrap().len(), 1 << 20);
     // The mount's statistics are exported once its counters are known (a walk in the
     // background at mount, where no clean run saved them): the file's bytes are among them.
-    common::wait_until("densefs_used_bytes", || sum_of(&metrics_text(&m.mnt), "densefs_used_bytes") > 0.0);
+    common::wait_up_to("densefs_used_bytes", 300, || sum_of(&metrics_text(&m.mnt), "densefs_used_bytes") > 0.0);
     let text = metrics_text(&m.mnt);
     assert!(sum_of(&text, "densefs_logical_used_bytes") >= (1 << 20) as f64, "{text}");
     assert_eq!(sum_of(&text, "densefs_files"), 1.0);

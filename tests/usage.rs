@@ -15,6 +15,9 @@ use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::process::Command;
 
+/// Seconds to wait for the mount's own walk: its thread is the kernel's last choice for a CPU.
+const WAIT: u64 = 300;
+
 /// A report on the mount root (`user.densefs.report` or `.scrub`), read in one call.
 fn report(mnt: &Path, kind: &str) -> Value {
     use std::os::unix::ffi::OsStrExt;
@@ -32,14 +35,25 @@ fn totals(r: &Value) -> Value {
     serde_json::json!({"stats": r["stats"], "files": r["files"], "containers": r["containers"], "directories": r["directories"]})
 }
 
-/// The counters now, and a walk: equal.
+/// The counters now, and a walk: equal, but for `used`, which may lag the lower's own writeback:
+/// ext4 adds the extent blocks of a fragmented file (one with holes) to its block count when it
+/// writes the file back, after densefs counted it (at most a block per file here).
 fn assert_counters_agree(mnt: &Path, when: &str) -> Value {
     let counted = report(mnt, "report");
     assert_eq!(counted["stats_from"], "counters", "{when}: {counted}");
     let walked = report(mnt, "scrub");
     assert_eq!(walked["stats_from"], "walk");
-    assert_eq!(totals(&counted), totals(&walked), "{when}: counters (left) and a walk (right) differ");
+    assert_totals_match(totals(&counted), totals(&walked), when);
     totals(&walked)
+}
+
+/// Equal totals, `used` within a block per file (`assert_counters_agree`).
+fn assert_totals_match(mut c: Value, mut w: Value, when: &str) {
+    let used = |t: &mut Value| t["stats"].as_object_mut().unwrap().remove("used").unwrap().as_i64().unwrap();
+    let (used_c, used_w) = (used(&mut c), used(&mut w));
+    assert_eq!(c, w, "{when}: counters (left) and a walk (right) differ");
+    let files = w["files"].as_i64().unwrap();
+    assert!((used_c - used_w).abs() <= 4096 * files, "{when}: used {used_c} counted, {used_w} walked ({files} files)");
 }
 
 /// Files and directories changed at random through the mount: writes, appends, holes,
@@ -130,6 +144,8 @@ fn counters_agree_with_a_walk_after_a_workload_a_clean_remount_and_a_kill() {
     }
     let out = Command::new(BIN).args(["set", "compression=off"]).arg(m.path("b")).output().unwrap();
     assert!(out.status.success());
+    // No clean run counted this tree: the mount counts it by a walk of its own.
+    wait_up_to("the counters built", WAIT, || !engine_snapshot(&d.mnt)["usage"].is_null());
 
     random_workload(&d.mnt, 1, 400);
     OpenOptions::new().write(true).open(m.path("plain")).unwrap().write_all_at(&compressible(100_000, 3), 10).unwrap();
@@ -141,7 +157,7 @@ fn counters_agree_with_a_walk_after_a_workload_a_clean_remount_and_a_kill() {
     let m = Mount::new(&d.lower, &d.mnt, "compression=zstd-3,recordsize=64K");
     let counted = report(&d.mnt, "report");
     assert_eq!(counted["stats_from"], "counters", "after a clean remount: {counted}");
-    assert_eq!(totals(&counted), before, "saved and read back");
+    assert_totals_match(totals(&counted), before, "saved and read back");
 
     random_workload(&d.mnt, 2, 300);
     assert_counters_agree(&d.mnt, "after a second workload");
@@ -152,7 +168,7 @@ fn counters_agree_with_a_walk_after_a_workload_a_clean_remount_and_a_kill() {
     random_workload(&d.mnt, 3, 100);
     m.kill();
     let m = Mount::new(&d.lower, &d.mnt, "compression=zstd-3,recordsize=64K");
-    wait_until("the counters rebuilt", || !engine_snapshot(&d.mnt)["usage"].is_null());
+    wait_up_to("the counters rebuilt", WAIT, || !engine_snapshot(&d.mnt)["usage"].is_null());
     let rebuilt = engine_snapshot(&d.mnt)["usage"].clone();
     let walked = report(&d.mnt, "scrub");
     assert_eq!(rebuilt["used"], walked["stats"]["used"], "{rebuilt} {walked}");

@@ -170,6 +170,7 @@ impl DenseFs {
     /// changed.
     fn plain_change<T>(&self, file: &File, change: impl FnOnce() -> FsResult<T>) -> FsResult<T> {
         if !self.usage.known() {
+            self.usage.changed();
             return change();
         }
         let before = Usage::measure(file);

@@ -368,6 +368,8 @@ impl DenseFs {
         let replaced = displaced_st.filter(|st| flags & libc::RENAME_EXCHANGE == 0 && moving != Some((st.st_dev, st.st_ino)));
         let leaving = self.leaving_counters(to.raw_fd(), &b, replaced);
         lower::renameat2(from.raw_fd(), &a, to.raw_fd(), &b, flags)?;
+        // A walk counting meanwhile may have met what moved twice or not at all.
+        self.usage.changed();
         self.left_counters(leaving);
         // Keep the inode table's idea of where things live (it reopens evicted inodes by name).
         if let Some((dev, ino)) = moving {
@@ -390,22 +392,18 @@ impl DenseFs {
         let st = st?;
         let (dev, ino, links) = lower::id_and_links(&st);
         if !self.usage.known() {
+            // A walk counting meanwhile must not be taken (`Accounting::adopt_walk`).
+            self.usage.changed();
             return None;
         }
         match st.st_mode & libc::S_IFMT {
             libc::S_IFDIR => Some(Leaving::Directory),
             libc::S_IFREG if links <= 1 => {
-                let file = if self.usage.is_tracked((dev, ino)) {
-                    None
-                } else {
-                    let flags = libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NOATIME | libc::O_NONBLOCK | libc::O_CLOEXEC;
-                    lower::openat(dir, name, flags, 0).or_else(|_| lower::openat(dir, name, flags & !libc::O_NOATIME, 0)).ok()
-                };
-                match file {
-                    // Measured on another thread: a small file's blocks are few to wait for.
-                    Some(file) if st.st_size <= MEASURE_LATER_BELOW => Some(Leaving::Later((dev, ino), file)),
-                    file => Some(Leaving::File((dev, ino), file)),
-                }
+                // Opened even where a container tracks it: that one may go before the unlink ends.
+                let flags = libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NOATIME | libc::O_NONBLOCK | libc::O_CLOEXEC;
+                let file = lower::openat(dir, name, flags, 0).or_else(|_| lower::openat(dir, name, flags & !libc::O_NOATIME, 0)).ok();
+                // Measured on another thread: a small file's blocks are few to wait for.
+                Some(Leaving::File((dev, ino), file, st.st_size <= MEASURE_LATER_BELOW))
             }
             _ => None,
         }
@@ -414,8 +412,7 @@ impl DenseFs {
     fn left_counters(&self, leaving: Option<Leaving>) {
         match leaving {
             Some(Leaving::Directory) => self.usage.apply(&Usage::default(), &Usage::directory()),
-            Some(Leaving::File(key, file)) => self.usage.remove_file(key, || file.map(Usage::measure_owned).unwrap_or_default()),
-            Some(Leaving::Later(key, file)) => self.usage.remove_file_later(key, file),
+            Some(Leaving::File(key, file, later)) => self.usage.remove_leaving(key, file, later),
             None => {}
         }
     }
@@ -427,6 +424,7 @@ impl DenseFs {
         let c = cstr(new_name)?;
         let src = lower::proc_path(inode.raw_fd());
         lower::linkat(libc::AT_FDCWD, &src, dir.raw_fd(), &c, libc::AT_SYMLINK_FOLLOW)?;
+        self.usage.changed();
         self.lookup(new_parent, new_name)
     }
 
@@ -569,13 +567,12 @@ impl DenseFs {
 /// An entry leaving the tree, for the mount's counters (`DenseFs::leaving_counters`).
 enum Leaving {
     Directory,
-    /// A regular file's last name: its lower id, and its lower file when nothing tracks it.
-    File((u64, u64), Option<std::fs::File>),
-    /// The same, a small file, measured after the unlink answered.
-    Later((u64, u64), std::fs::File),
+    /// A regular file's last name: its lower id, its lower file, and whether it is small
+    /// enough to be measured after the unlink answered.
+    File((u64, u64), Option<std::fs::File>, bool),
 }
 
-/// Files up to this lower length are measured after their unlink answered (`Leaving::Later`).
+/// Files up to this lower length are measured after their unlink answered.
 const MEASURE_LATER_BELOW: i64 = 1 << 20;
 
 #[cfg(test)]

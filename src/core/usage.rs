@@ -129,14 +129,14 @@ pub struct Accounting {
     /// Changes counted (or not, while unknown) so far: a walk's result is adopted only if none
     /// came during it (`adopt_walk`).
     changes: AtomicU64,
-    /// Small files whose last name went, held open until measured (`remove_file_later`).
+    /// Small files whose last name went, held open until measured (`remove_leaving`).
     leaving: Mutex<Leaving>,
     left: Condvar,
 }
 
 #[derive(Default)]
 struct Leaving {
-    queue: VecDeque<((u64, u64), File)>,
+    queue: VecDeque<File>,
     /// Taken from the queue, being measured.
     measuring: usize,
     threads: usize,
@@ -190,6 +190,12 @@ impl Accounting {
     /// (cheap: what the metrics show).
     pub fn settled(&self) -> Option<Usage> {
         self.totals.lock().clone()
+    }
+
+    /// Something changed that a walk counting now may have seen either way (counted by
+    /// `apply` where the counters are known).
+    pub fn changed(&self) {
+        self.changes.fetch_add(1, Ordering::SeqCst);
     }
 
     /// Where the changes stand, before a walk.
@@ -281,17 +287,35 @@ impl Accounting {
         }
     }
 
-    /// As `remove_file` for a small file no container tracks, whose lower file `file` is held
-    /// open: it is measured on another thread, so that an `rm -rf` does not wait for each
-    /// file's header to be read from the disk in turn.
-    pub fn remove_file_later(self: &Arc<Self>, key: (u64, u64), file: File) {
+    /// As `remove_file`, for a file whose lower file `file` was opened before its last name
+    /// went (a container tracking it then may have gone meanwhile: its RELEASE comes when the
+    /// kernel sends it). `later`: a small file no container tracks is measured on another
+    /// thread, so that an `rm -rf` does not wait for each file's header to be read in turn.
+    pub fn remove_leaving(self: &Arc<Self>, key: (u64, u64), file: Option<File>, later: bool) {
+        let tracked = self.tracked.lock().remove(&key);
+        if let Some(t) = tracked {
+            let mut st = t.state.lock();
+            if !st.gone {
+                st.gone = true;
+                self.apply(&Usage::default(), &st.counted);
+            }
+            return;
+        }
+        match file {
+            Some(file) if later => self.measure_later(file),
+            Some(file) => self.apply(&Usage::default(), &Usage::measure_owned(file)),
+            None => {}
+        }
+    }
+
+    fn measure_later(self: &Arc<Self>, file: File) {
         let mut leaving = self.leaving.lock();
         if leaving.queue.len() >= LEAVING_LIMIT {
             drop(leaving);
             return self.apply(&Usage::default(), &Usage::measure_owned(file));
         }
         self.changes.fetch_add(1, Ordering::SeqCst);
-        leaving.queue.push_back((key, file));
+        leaving.queue.push_back(file);
         if leaving.threads < LEAVING_THREADS.min(leaving.queue.len()) {
             let me = self.clone();
             let spawned = std::thread::Builder::new().name("densefs-unlinked".into()).spawn(move || me.measure_leaving());
@@ -300,7 +324,7 @@ impl Accounting {
             }
         }
         if leaving.threads == 0 {
-            let (_, file) = leaving.queue.pop_back().expect("just pushed");
+            let file = leaving.queue.pop_back().expect("just pushed");
             drop(leaving);
             self.apply(&Usage::default(), &Usage::measure_owned(file));
             return;
@@ -311,7 +335,7 @@ impl Accounting {
     fn measure_leaving(&self) {
         let mut leaving = self.leaving.lock();
         loop {
-            let Some((_, file)) = leaving.queue.pop_front() else {
+            let Some(file) = leaving.queue.pop_front() else {
                 self.left.wait(&mut leaving);
                 continue;
             };
@@ -331,11 +355,6 @@ impl Accounting {
         while !leaving.queue.is_empty() || leaving.measuring > 0 {
             self.left.wait(&mut leaving);
         }
-    }
-
-    /// Whether the file `key` is being changed through a container (which counts its changes).
-    pub fn is_tracked(&self, key: (u64, u64)) -> bool {
-        self.tracked.lock().contains_key(&key)
     }
 }
 
