@@ -74,6 +74,13 @@ struct Walk {
     linked: HashSet<(u64, u64)>,
 }
 
+impl Walk {
+    /// What a walk of the whole mount found, as its counters keep it (`usage.rs`).
+    fn usage(&self, stats: FileStats) -> Usage {
+        Usage { files: self.files, containers: self.containers, directories: self.directories, stats }
+    }
+}
+
 impl DenseFs {
     /// Mount-relative path of a node ("/" for the root).
     fn mount_path(&self, node: &Node) -> String {
@@ -264,9 +271,7 @@ impl DenseFs {
                     if nodeid == ROOT {
                         // A walk of the whole mount rebuilds the counters (if nothing changed
                         // meanwhile; else the background rebuild tries again).
-                        let usage =
-                            Usage { files: out.files, containers: out.containers, directories: out.directories, stats: stats.clone() };
-                        self.usage.adopt_walk(usage, changes);
+                        self.usage.adopt_walk(out.usage(stats.clone()), changes);
                     }
                     stats
                 };
@@ -370,8 +375,7 @@ impl DenseFs {
                 let mut out = Walk::default();
                 let Ok(root) = fs.inode(ROOT) else { return };
                 let stats = fs.walk(Path::new(&lower_dir_path(&root)), "/", false, false, &mut out);
-                let usage = Usage { files: out.files, containers: out.containers, directories: out.directories, stats };
-                if fs.usage.adopt_walk(usage, changes) {
+                if fs.usage.adopt_walk(out.usage(stats), changes) {
                     tracing::info!("statistics counted: {} files, {} directories", out.files, out.directories);
                     return;
                 }

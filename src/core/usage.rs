@@ -10,9 +10,10 @@
 //!
 //! The counters are saved in the lower root at a clean unmount, tied to the run record
 //! (`hints.rs`): a run that did not end cleanly, a lower without extended attributes, or a first
-//! mount leaves them unknown, and the first report on the root rebuilds them by a walk (as
-//! `densefs scrub` does every time). Changes made directly in the lower behind densefs's back
-//! are seen after the next walk.
+//! mount leaves them unknown, and the mount counts them by a walk of its own on an idle thread
+//! (`DenseFs::start_usage_rebuild`); a report on the root before that walks, and so does every
+//! `densefs scrub`. A walk is taken only if nothing changed while it ran (`adopt_walk`).
+//! Changes made directly in the lower behind densefs's back are seen after the next walk.
 
 use crate::inspect::{inspect, inspect_owned, FileStats};
 use parking_lot::{Condvar, Mutex};
@@ -163,7 +164,7 @@ impl Drop for UsageHold {
 
 impl Accounting {
     /// The counters now, if known; the files being changed are measured first (and the files
-    /// deleted lately, `remove_file_later`).
+    /// deleted lately, `remove_leaving`).
     pub fn current(&self) -> Option<Usage> {
         self.wait_for_leaving();
         if self.totals.lock().is_none() {
@@ -274,17 +275,26 @@ impl Accounting {
     /// The last name of the file `key` is about to go: what it contributes goes with it (as
     /// last counted where it is being changed, else `measure`d now).
     pub fn remove_file(&self, key: (u64, u64), measure: impl FnOnce() -> Usage) {
-        let tracked = self.tracked.lock().remove(&key);
-        match tracked {
-            Some(t) => {
-                let mut st = t.state.lock();
-                if !st.gone {
-                    st.gone = true;
-                    self.apply(&Usage::default(), &st.counted);
-                }
-            }
-            None => self.apply(&Usage::default(), &measure()),
+        if !self.untrack_gone(key) {
+            self.apply(&Usage::default(), &measure());
         }
+    }
+
+    /// Where a container tracks the file `key`, whose last name went: its part as last
+    /// counted leaves the counters, and its containers count nothing more. Says whether.
+    fn untrack_gone(&self, key: (u64, u64)) -> bool {
+        let Some(t) = self.tracked.lock().remove(&key) else { return false };
+        let mut st = t.state.lock();
+        if !st.gone {
+            st.gone = true;
+            self.apply(&Usage::default(), &st.counted);
+        }
+        true
+    }
+
+    /// Takes the part of the file `file` (its last name gone) from the counters, and closes it.
+    fn subtract_measured(&self, file: File) {
+        self.apply(&Usage::default(), &Usage::measure_owned(file));
     }
 
     /// As `remove_file`, for a file whose lower file `file` was opened before its last name
@@ -292,18 +302,12 @@ impl Accounting {
     /// kernel sends it). `later`: a small file no container tracks is measured on another
     /// thread, so that an `rm -rf` does not wait for each file's header to be read in turn.
     pub fn remove_leaving(self: &Arc<Self>, key: (u64, u64), file: Option<File>, later: bool) {
-        let tracked = self.tracked.lock().remove(&key);
-        if let Some(t) = tracked {
-            let mut st = t.state.lock();
-            if !st.gone {
-                st.gone = true;
-                self.apply(&Usage::default(), &st.counted);
-            }
+        if self.untrack_gone(key) {
             return;
         }
         match file {
             Some(file) if later => self.measure_later(file),
-            Some(file) => self.apply(&Usage::default(), &Usage::measure_owned(file)),
+            Some(file) => self.subtract_measured(file),
             None => {}
         }
     }
@@ -312,7 +316,7 @@ impl Accounting {
         let mut leaving = self.leaving.lock();
         if leaving.queue.len() >= LEAVING_LIMIT {
             drop(leaving);
-            return self.apply(&Usage::default(), &Usage::measure_owned(file));
+            return self.subtract_measured(file);
         }
         self.changes.fetch_add(1, Ordering::SeqCst);
         leaving.queue.push_back(file);
@@ -326,8 +330,7 @@ impl Accounting {
         if leaving.threads == 0 {
             let file = leaving.queue.pop_back().expect("just pushed");
             drop(leaving);
-            self.apply(&Usage::default(), &Usage::measure_owned(file));
-            return;
+            return self.subtract_measured(file);
         }
         self.left.notify_all();
     }
@@ -341,15 +344,14 @@ impl Accounting {
             };
             leaving.measuring += 1;
             drop(leaving);
-            let usage = Usage::measure_owned(file);
-            self.apply(&Usage::default(), &usage);
+            self.subtract_measured(file);
             leaving = self.leaving.lock();
             leaving.measuring -= 1;
             self.left.notify_all();
         }
     }
 
-    /// Waits until every file `remove_file_later` took is measured and closed.
+    /// Waits until every file `remove_leaving` took is measured and closed.
     pub fn wait_for_leaving(&self) {
         let mut leaving = self.leaving.lock();
         while !leaving.queue.is_empty() || leaving.measuring > 0 {
