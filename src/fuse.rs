@@ -2,11 +2,11 @@
 
 use crate::core::data::{SetAttr, SetTime};
 use crate::core::privileges::Changer;
-use crate::core::{Attr, Caller, DenseFs, FsError, Kind};
+use crate::core::{lower, Attr, Caller, DenseFs, FsError, Kind, Shutdown};
 use fuser::{
-    Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags, KernelConfig, LockOwner, OpenFlags,
-    RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyLseek, ReplyOpen,
-    ReplyStatfs, ReplyStatx, ReplyWrite, ReplyXattr, Request, SetXattrFlags, TimeOrNow, WriteFlags,
+    Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags, IoctlFlags, KernelConfig, LockOwner,
+    OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyIoctl,
+    ReplyLseek, ReplyOpen, ReplyStatfs, ReplyStatx, ReplyWrite, ReplyXattr, Request, SetXattrFlags, TimeOrNow, WriteFlags,
 };
 use std::ffi::OsStr;
 use std::path::Path;
@@ -156,9 +156,14 @@ fn creator(req: &Request, umask: u32) -> Caller {
     Caller { umask, ..caller(req) }
 }
 
+/// FS_IOC_SHUTDOWN (`_IOR('X', 125, __u32)`, linux/fs.h; XFS_IOC_GOINGDOWN is the same number).
+const FS_IOC_SHUTDOWN: u32 = 0x8004_587d;
+
 /// Logs an error the way its kind deserves and turns it into an errno.
 fn errno(op: &str, e: FsError) -> Errno {
     match e.errno {
+        // After a shutdown every request fails: one line said why.
+        libc::EIO if lower::fence::raised() => tracing::debug!("{op}: {e}"),
         libc::EIO | libc::ENOSPC | libc::EDQUOT | libc::ESTALE => tracing::warn!("{op}: {e}"),
         _ => tracing::debug!("{op}: {e}"),
     }
@@ -479,6 +484,42 @@ impl Filesystem for FuseAdapter {
 
     fn fallocate(&self, req: &Request, _ino: INodeNo, fh: FileHandle, offset: u64, length: u64, mode: i32, reply: ReplyEmpty) {
         empty_reply!(reply, "fallocate", self.fs.fallocate(fh.0, offset, length, mode, changer(req, None)))
+    }
+
+    /// FS_IOC_SHUTDOWN; every other ioctl is not this file system's (ENOTTY, as a local file
+    /// system answers one it does not know).
+    fn ioctl(
+        &self,
+        req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _flags: IoctlFlags,
+        cmd: u32,
+        arg: u64,
+        _in_data: &[u8],
+        _out_size: u32,
+        reply: ReplyIoctl,
+    ) {
+        match cmd {
+            FS_IOC_SHUTDOWN => {
+                // The kernel passes no data for an `_IOR` number: the flags are read where the
+                // caller keeps them.
+                let mut flags = [0u8; 4];
+                let how = match lower::read_process_memory(req.pid(), arg, &mut flags) {
+                    Ok(()) => Shutdown::from_flags(u32::from_ne_bytes(flags)),
+                    Err(e) => {
+                        tracing::warn!("shutdown: cannot read the caller's flags ({e}): landing everything first");
+                        Some(Shutdown::Sync)
+                    }
+                };
+                let Some(how) = how else { return reply.error(Errno::EINVAL) };
+                match self.fs.shut_down(how, req.pid()) {
+                    Ok(()) => reply.ioctl(0, &[]),
+                    Err(e) => reply.error(errno("shutdown", e)),
+                }
+            }
+            _ => reply.error(Errno::ENOTTY),
+        }
     }
 
     fn lseek(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, offset: i64, whence: i32, reply: ReplyLseek) {

@@ -217,7 +217,7 @@ pub(super) fn serve(
         // Offset -1: attributes only; 0 (length 0: all): a directory's cached listing too.
         let offset = match what {
             KernelCache::Attrs => -1,
-            KernelCache::Listing => 0,
+            KernelCache::Listing | KernelCache::Everything => 0,
             KernelCache::Entry(name) => {
                 let _ = stale_names.send((ino, name));
                 return;

@@ -301,7 +301,7 @@ impl Container {
             None => {
                 let mut meta = lower.metadata()?;
                 if meta.len() != 0 {
-                    lower.set_len(0)?;
+                    lower::set_len(&lower, 0)?;
                     meta = lower.metadata()?;
                 }
                 mtime_of(&meta)

@@ -537,7 +537,7 @@ impl DenseFs {
     fn truncate_content(&self, content: &Content, size: u64) -> FsResult<()> {
         match content {
             Content::Container(c) => c.set_size(size),
-            Content::Plain(file) => self.plain_change(file, || Ok(file.set_len(size)?)),
+            Content::Plain(file) => self.plain_change(file, || Ok(lower::set_len(file, size)?)),
         }
     }
 

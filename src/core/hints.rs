@@ -86,7 +86,7 @@ impl DenseFs {
     /// The lower root directory, opened through the descriptor the daemon took before
     /// mounting: its path may lead to this very mount (a mount over the lower directory itself),
     /// which does not answer yet when a run begins.
-    fn lower_root_dir(&self) -> std::io::Result<File> {
+    pub(super) fn lower_root_dir(&self) -> std::io::Result<File> {
         let root = self.inodes.node(super::ROOT)?;
         lower::reopen(root.raw_fd(), libc::O_RDONLY | libc::O_DIRECTORY)
     }
@@ -127,6 +127,10 @@ impl DenseFs {
     /// lower file system after the last write back), so its hints are trusted from now on.
     pub fn end_run(&self) {
         let Some(record) = self.hints.get().and_then(|h| h.writing) else { return };
+        if lower::fence::raised() {
+            tracing::warn!("this run was shut down: its end is not recorded, and the next mount treats it as a crash");
+            return;
+        }
         let result = self.lower_root_dir().and_then(|root| {
             // Another daemon took the lower over meanwhile (multihost: this one stalled): the
             // record is its run's now, and this run's end must not hide how that one ends.

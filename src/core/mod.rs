@@ -23,6 +23,7 @@ pub mod privileges;
 pub mod props;
 mod recompress;
 mod report;
+mod shutdown;
 pub mod store;
 mod usage;
 mod xattr;
@@ -41,6 +42,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 pub use inodes::ROOT;
 pub use report::{Effective, ReportKind, Source};
+pub use shutdown::Shutdown;
 
 /// What the mount was asked for; applies to files created from now on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -176,7 +178,7 @@ pub struct DenseFs {
     /// Tells the kernel to drop what it keeps of a node (set by the FUSE adapter, which lets the
     /// kernel keep attributes and listings long, `fuse::WRITABLE_TTL`): the daemon is the only
     /// writer of the lower, so only its own changes behind a reply's back can outdate them.
-    drop_kernel_cache: std::sync::OnceLock<Box<dyn Fn(u64, KernelCache) + Send + Sync>>,
+    drop_kernel_cache: std::sync::OnceLock<Arc<dyn Fn(u64, KernelCache) + Send + Sync>>,
     /// The transport's count of requests by kind (`engine.requests.*`), once a transport runs.
     request_census: std::sync::OnceLock<RequestCensus>,
     /// How many times the kernel was told so (`user.densefs.engine`: `kernel.attr_drops`).
@@ -226,6 +228,8 @@ pub enum KernelCache {
     /// A name in a directory, and the node it led to (told from another thread than the
     /// request's: the kernel locks the directory for it).
     Entry(std::ffi::OsString),
+    /// Everything of a node: attributes, cached pages, a listing.
+    Everything,
 }
 
 /// How long after the daemon writes a file its lower file system may still change the file's
@@ -286,6 +290,7 @@ impl DenseFs {
     }
 
     fn inode(&self, nodeid: u64) -> FsResult<Node> {
+        self.check_running()?;
         self.inodes.node(nodeid).map_err(|e| FsError::new(e.raw_os_error().unwrap_or(libc::EIO), format!("inode {nodeid}")))
     }
 
@@ -296,6 +301,7 @@ impl DenseFs {
     }
 
     fn handle(&self, fh: u64) -> FsResult<Arc<Handle>> {
+        self.check_running()?;
         self.handles.lock().get(&fh).cloned().ok_or_else(|| FsError::new(libc::EBADF, format!("unknown handle {fh}")))
     }
 
@@ -391,7 +397,7 @@ impl DenseFs {
 
     /// How the kernel is told to drop what it keeps of a node (the FUSE adapter's notifier).
     pub fn on_kernel_cache_stale(&self, drop: Box<dyn Fn(u64, KernelCache) + Send + Sync>) {
-        let _ = self.drop_kernel_cache.set(drop);
+        let _ = self.drop_kernel_cache.set(Arc::from(drop));
     }
 
     /// The daemon's own writes changed `inode`'s lower file (the caller holds its `open` lock):
@@ -616,6 +622,10 @@ impl DenseFs {
     }
 
     pub fn writeback_tick(&self) {
+        // Shut down: what is in memory stays there (`shutdown.rs`).
+        if lower::fence::raised() {
+            return;
+        }
         for inode in self.inodes.inodes() {
             if let Some(Content::Container(c)) = inode.open_content() {
                 if let Err(e) = c.writeback() {
@@ -667,6 +677,10 @@ impl DenseFs {
     /// two records; what it had not done stays in its work log for the next mount.
     pub fn flush_all(&self) {
         self.stop_background();
+        if lower::fence::raised() {
+            tracing::warn!("shut down: what was written after the last landing is not written back");
+            return;
+        }
         for content in self.inodes.open_contents() {
             if let Content::Container(c) = content {
                 if let Err(e) = c.sync(false) {

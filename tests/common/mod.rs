@@ -344,3 +344,17 @@ pub fn copy_descriptor(lower_file: &Path, record: u64, slot: usize) -> (u64, u64
         other => panic!("record {record} slot {slot}: {other:?}"),
     }
 }
+
+/// FS_IOC_SHUTDOWN on the file system holding `path`, with `flags` (0: sync first, 1: flush the
+/// log first, 2: nothing more lands).
+pub fn shut_down(path: &Path, flags: u32) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    const FS_IOC_SHUTDOWN: libc::c_ulong = 0x8004_587d; // _IOR('X', 125, __u32), linux/fs.h
+    let f = std::fs::File::open(path)?;
+    // SAFETY: the kernel reads a u32 at the address given; `flags` outlives the call.
+    if unsafe { libc::ioctl(f.as_raw_fd(), FS_IOC_SHUTDOWN, &flags as *const u32) } == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}

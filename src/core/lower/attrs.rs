@@ -8,6 +8,7 @@ use std::os::fd::{AsRawFd, RawFd};
 
 /// fchownat(2) (`u32::MAX` leaves the uid or gid as it is).
 pub fn fchownat(dir: RawFd, name: &CStr, uid: u32, gid: u32, flags: libc::c_int) -> io::Result<()> {
+    super::fence::check()?;
     // SAFETY: `name` is NUL-terminated and outlives the call.
     check(unsafe { libc::fchownat(dir, name.as_ptr(), uid, gid, flags) })?;
     Ok(())
@@ -15,6 +16,7 @@ pub fn fchownat(dir: RawFd, name: &CStr, uid: u32, gid: u32, flags: libc::c_int)
 
 /// fchown(2).
 pub fn fchown(file: &File, uid: u32, gid: u32) -> io::Result<()> {
+    super::fence::check()?;
     // SAFETY: a plain call on the descriptor `file` owns.
     check(unsafe { libc::fchown(file.as_raw_fd(), uid, gid) })?;
     Ok(())
@@ -22,6 +24,7 @@ pub fn fchown(file: &File, uid: u32, gid: u32) -> io::Result<()> {
 
 /// chmod(2) of a path (here a /proc/self/fd path: follows the magic link to the inode).
 pub fn chmod(path: &CStr, mode: u32) -> io::Result<()> {
+    super::fence::check()?;
     // SAFETY: `path` is NUL-terminated and outlives the call.
     check(unsafe { libc::chmod(path.as_ptr(), mode as libc::mode_t) })?;
     Ok(())
@@ -29,6 +32,7 @@ pub fn chmod(path: &CStr, mode: u32) -> io::Result<()> {
 
 /// fchmod(2).
 pub fn fchmod(file: &File, mode: u32) -> io::Result<()> {
+    super::fence::check()?;
     // SAFETY: a plain call on the descriptor `file` owns.
     check(unsafe { libc::fchmod(file.as_raw_fd(), mode as libc::mode_t) })?;
     Ok(())
@@ -36,6 +40,7 @@ pub fn fchmod(file: &File, mode: u32) -> io::Result<()> {
 
 /// utimensat(2): access and modification times (UTIME_NOW, UTIME_OMIT allowed).
 pub fn utimensat(dir: RawFd, path: &CStr, times: &[libc::timespec; 2], flags: libc::c_int) -> io::Result<()> {
+    super::fence::check()?;
     // SAFETY: `path` is NUL-terminated; the kernel reads the two timespecs of `times`.
     check(unsafe { libc::utimensat(dir, path.as_ptr(), times.as_ptr(), flags) })?;
     Ok(())
@@ -43,6 +48,7 @@ pub fn utimensat(dir: RawFd, path: &CStr, times: &[libc::timespec; 2], flags: li
 
 /// futimens(2): access and modification times of an open file (UTIME_NOW, UTIME_OMIT allowed).
 pub fn futimens(file: &File, times: &[libc::timespec; 2]) -> io::Result<()> {
+    super::fence::check()?;
     // SAFETY: the kernel reads the two timespecs of `times`; `file` owns the descriptor.
     check(unsafe { libc::futimens(file.as_raw_fd(), times.as_ptr()) })?;
     Ok(())
@@ -53,6 +59,30 @@ pub fn futimens(file: &File, times: &[libc::timespec; 2]) -> io::Result<()> {
 pub struct Credentials {
     pub groups: Vec<u32>,
     pub fsetid: bool,
+    /// The effective capability set, a bit per capability number.
+    pub effective: u64,
+}
+
+impl Credentials {
+    pub fn has_capability(&self, capability: u32) -> bool {
+        self.effective & (1 << capability) != 0
+    }
+}
+
+/// Reads `buf.len()` bytes at address `addr` of process `pid` (process_vm_readv(2)): an
+/// ioctl's argument that the kernel does not copy in (`_IOR` numbers whose data is read all the
+/// same, FS_IOC_SHUTDOWN's flags). Needs the daemon's CAP_SYS_PTRACE over the caller.
+pub fn read_process_memory(pid: u32, addr: u64, buf: &mut [u8]) -> io::Result<()> {
+    let local = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
+    let remote = libc::iovec { iov_base: addr as *mut libc::c_void, iov_len: buf.len() };
+    // SAFETY: the kernel writes at most `buf.len()` bytes into `buf`, which outlives the call;
+    // the remote address is only read, in the other process, by the kernel (EFAULT if bad).
+    let n = unsafe { libc::process_vm_readv(pid as libc::pid_t, &local, 1, &remote, 1, 0) };
+    match n {
+        n if n < 0 => Err(io::Error::last_os_error()),
+        n if n as usize == buf.len() => Ok(()),
+        _ => Err(io::Error::from_raw_os_error(libc::EFAULT)),
+    }
 }
 
 /// The credentials of thread `tid` (a FUSE request's pid), from /proc/<tid>/status.
@@ -63,5 +93,5 @@ pub fn credentials(tid: u32) -> io::Result<Credentials> {
     let bad = || io::Error::new(io::ErrorKind::InvalidData, format!("/proc/{tid}/status"));
     let groups = field("Groups:").ok_or_else(bad)?.split_whitespace().map(|g| g.parse().map_err(|_| bad())).collect::<io::Result<_>>()?;
     let effective = u64::from_str_radix(field("CapEff:").ok_or_else(bad)?, 16).map_err(|_| bad())?;
-    Ok(Credentials { groups, fsetid: effective & (1 << CAP_FSETID) != 0 })
+    Ok(Credentials { groups, fsetid: effective & (1 << CAP_FSETID) != 0, effective })
 }

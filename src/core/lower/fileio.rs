@@ -56,13 +56,29 @@ pub fn pread_full_fd(fd: BorrowedFd<'_>, buf: &mut [u8], offset: u64) -> io::Res
 }
 
 pub fn pwrite_all(file: &File, buf: &[u8], offset: u64) -> io::Result<()> {
+    super::fence::check()?;
     #[cfg(test)]
     power_cut::before_write(file, offset, buf.len());
     file.write_all_at(buf, offset)
 }
 
+/// syncfs(2): everything written to the file system `file` is on, on stable storage.
+pub fn syncfs(file: &File) -> io::Result<()> {
+    super::fence::check()?;
+    // SAFETY: a plain call on the descriptor `file` owns.
+    check(unsafe { libc::syncfs(file.as_raw_fd()) })?;
+    Ok(())
+}
+
+/// ftruncate(2): the file's new size.
+pub fn set_len(file: &File, size: u64) -> io::Result<()> {
+    super::fence::check()?;
+    file.set_len(size)
+}
+
 /// fallocate(2) with its mode bits (FALLOC_FL_*).
 pub fn fallocate(file: &File, mode: libc::c_int, offset: u64, len: u64) -> io::Result<()> {
+    super::fence::check()?;
     // SAFETY: a plain call on the descriptor `file` owns.
     check(unsafe { libc::fallocate(file.as_raw_fd(), mode, offset as libc::off_t, len as libc::off_t) })?;
     Ok(())
@@ -77,6 +93,7 @@ pub fn punch_hole(file: &File, offset: u64, len: u64) -> io::Result<()> {
 }
 
 pub fn fdatasync(file: &File) -> io::Result<()> {
+    super::fence::check()?;
     // SAFETY: a plain call on the descriptor `file` owns.
     check(unsafe { libc::fdatasync(file.as_raw_fd()) })?;
     #[cfg(test)]
@@ -85,6 +102,7 @@ pub fn fdatasync(file: &File) -> io::Result<()> {
 }
 
 pub fn fsync(file: &File) -> io::Result<()> {
+    super::fence::check()?;
     // SAFETY: a plain call on the descriptor `file` owns.
     check(unsafe { libc::fsync(file.as_raw_fd()) })?;
     #[cfg(test)]

@@ -10,9 +10,11 @@
 //! - `attrs.rs`: owner, mode and times;
 //! - `xattrs.rs`: extended attributes;
 //! - `fileio.rs`: reads, writes, space, syncing and seeking on open files;
-//! - `handles.rs`: kernel file handles (inodes opened by number).
+//! - `handles.rs`: kernel file handles (inodes opened by number);
+//! - `fence.rs`: the shutdown fence every change above asks first.
 
 mod attrs;
+pub mod fence;
 mod fileio;
 mod handles;
 mod names;
@@ -101,6 +103,9 @@ pub fn open_root(path: &std::path::Path) -> io::Result<OwnedFd> {
 /// openat(2) of `name` in `dir` for I/O, `flags` as given (callers pass O_NOFOLLOW and
 /// O_CLOEXEC); `mode` is used when the flags create the file.
 pub fn openat(dir: RawFd, name: &CStr, flags: libc::c_int, mode: u32) -> io::Result<File> {
+    if flags & (libc::O_CREAT | libc::O_TRUNC) != 0 {
+        fence::check()?;
+    }
     // SAFETY: `name` is NUL-terminated and outlives the call; the mode is a plain integer.
     let fd = check(unsafe { libc::openat(dir, name.as_ptr(), flags, mode as libc::c_uint) })?;
     // SAFETY: openat just returned this descriptor and nothing else owns it.

@@ -11,6 +11,7 @@ use std::ptr::NonNull;
 
 /// mkdirat(2).
 pub fn mkdirat(dir: RawFd, name: &CStr, mode: u32) -> io::Result<()> {
+    super::fence::check()?;
     // SAFETY: `name` is NUL-terminated and outlives the call.
     check(unsafe { libc::mkdirat(dir, name.as_ptr(), mode as libc::mode_t) })?;
     Ok(())
@@ -18,6 +19,7 @@ pub fn mkdirat(dir: RawFd, name: &CStr, mode: u32) -> io::Result<()> {
 
 /// mknodat(2).
 pub fn mknodat(dir: RawFd, name: &CStr, mode: u32, rdev: u64) -> io::Result<()> {
+    super::fence::check()?;
     // SAFETY: `name` is NUL-terminated and outlives the call.
     check(unsafe { libc::mknodat(dir, name.as_ptr(), mode as libc::mode_t, rdev as libc::dev_t) })?;
     Ok(())
@@ -25,6 +27,7 @@ pub fn mknodat(dir: RawFd, name: &CStr, mode: u32, rdev: u64) -> io::Result<()> 
 
 /// symlinkat(2): `name` in `dir` becomes a symlink to `target`.
 pub fn symlinkat(target: &CStr, dir: RawFd, name: &CStr) -> io::Result<()> {
+    super::fence::check()?;
     // SAFETY: both strings are NUL-terminated and outlive the call.
     check(unsafe { libc::symlinkat(target.as_ptr(), dir, name.as_ptr()) })?;
     Ok(())
@@ -39,6 +42,7 @@ pub fn readlinkat(dir: RawFd, name: &CStr, buf: &mut [u8]) -> io::Result<usize> 
 
 /// linkat(2): a new name `new` in `new_dir` for `old` in `old_dir`.
 pub fn linkat(old_dir: RawFd, old: &CStr, new_dir: RawFd, new: &CStr, flags: libc::c_int) -> io::Result<()> {
+    super::fence::check()?;
     // SAFETY: both names are NUL-terminated and outlive the call.
     check(unsafe { libc::linkat(old_dir, old.as_ptr(), new_dir, new.as_ptr(), flags) })?;
     Ok(())
@@ -46,6 +50,7 @@ pub fn linkat(old_dir: RawFd, old: &CStr, new_dir: RawFd, new: &CStr, flags: lib
 
 /// unlinkat(2) (`flags`: 0, or AT_REMOVEDIR for a directory).
 pub fn unlinkat(dir: RawFd, name: &CStr, flags: libc::c_int) -> io::Result<()> {
+    super::fence::check()?;
     // SAFETY: `name` is NUL-terminated and outlives the call.
     check(unsafe { libc::unlinkat(dir, name.as_ptr(), flags) })?;
     Ok(())
@@ -53,6 +58,7 @@ pub fn unlinkat(dir: RawFd, name: &CStr, flags: libc::c_int) -> io::Result<()> {
 
 /// renameat(2).
 pub fn renameat(from_dir: RawFd, from: &CStr, to_dir: RawFd, to: &CStr) -> io::Result<()> {
+    super::fence::check()?;
     // SAFETY: both names are NUL-terminated and outlive the call.
     check(unsafe { libc::renameat(from_dir, from.as_ptr(), to_dir, to.as_ptr()) })?;
     Ok(())
@@ -60,6 +66,7 @@ pub fn renameat(from_dir: RawFd, from: &CStr, to_dir: RawFd, to: &CStr) -> io::R
 
 /// renameat2(2) with its flags (RENAME_NOREPLACE, RENAME_EXCHANGE), by system call number.
 pub fn renameat2(from_dir: RawFd, from: &CStr, to_dir: RawFd, to: &CStr, flags: u32) -> io::Result<()> {
+    super::fence::check()?;
     // SAFETY: renameat2 takes (int, const char *, int, const char *, unsigned int); both names
     // are NUL-terminated and outlive the call.
     let ret = unsafe { libc::syscall(libc::SYS_renameat2, from_dir, from.as_ptr(), to_dir, to.as_ptr(), flags) as libc::c_int };

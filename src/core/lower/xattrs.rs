@@ -37,6 +37,7 @@ pub fn listxattr(path: &CStr, buf: &mut [u8]) -> io::Result<usize> {
 
 /// setxattr(2) (`flags`: 0, XATTR_CREATE or XATTR_REPLACE).
 pub fn setxattr(path: &CStr, name: &CStr, value: &[u8], flags: libc::c_int) -> io::Result<()> {
+    super::fence::check()?;
     // SAFETY: both strings are NUL-terminated; the kernel reads value.len() bytes of `value`.
     check(unsafe { libc::setxattr(path.as_ptr(), name.as_ptr(), value.as_ptr().cast(), value.len(), flags) })?;
     Ok(())
@@ -44,6 +45,7 @@ pub fn setxattr(path: &CStr, name: &CStr, value: &[u8], flags: libc::c_int) -> i
 
 /// fsetxattr(2).
 pub fn fsetxattr(file: &File, name: &CStr, value: &[u8], flags: libc::c_int) -> io::Result<()> {
+    super::fence::check()?;
     // SAFETY: `name` is NUL-terminated; the kernel reads value.len() bytes of `value`; `file`
     // owns the descriptor.
     check(unsafe { libc::fsetxattr(file.as_raw_fd(), name.as_ptr(), value.as_ptr().cast(), value.len(), flags) })?;
@@ -52,6 +54,7 @@ pub fn fsetxattr(file: &File, name: &CStr, value: &[u8], flags: libc::c_int) -> 
 
 /// removexattr(2).
 pub fn removexattr(path: &CStr, name: &CStr) -> io::Result<()> {
+    super::fence::check()?;
     // SAFETY: both strings are NUL-terminated and outlive the call.
     check(unsafe { libc::removexattr(path.as_ptr(), name.as_ptr()) })?;
     Ok(())
@@ -95,6 +98,7 @@ pub fn listxattr_on(on: XattrOn<'_>, buf: &mut [u8]) -> io::Result<usize> {
 /// setxattr(2) or fsetxattr(2) (the descriptor may be read-only: only the inode's permissions
 /// count).
 pub fn setxattr_on(on: XattrOn<'_>, name: &CStr, value: &[u8], flags: libc::c_int) -> io::Result<()> {
+    super::fence::check()?;
     match on {
         XattrOn::Path(path) => setxattr(path, name, value, flags),
         XattrOn::Fd(fd) => {
@@ -108,6 +112,7 @@ pub fn setxattr_on(on: XattrOn<'_>, name: &CStr, value: &[u8], flags: libc::c_in
 
 /// removexattr(2) or fremovexattr(2).
 pub fn removexattr_on(on: XattrOn<'_>, name: &CStr) -> io::Result<()> {
+    super::fence::check()?;
     match on {
         XattrOn::Path(path) => removexattr(path, name),
         XattrOn::Fd(fd) => {

@@ -267,7 +267,7 @@ impl Store {
         let keep = frontier.max(last_table_end);
         if self.lower.metadata()?.len() > keep {
             st.touch();
-            self.lower.set_len(keep)?;
+            lower::set_len(&self.lower, keep)?;
         }
         Ok(())
     }
@@ -366,7 +366,7 @@ impl Store {
         let keep_len = self.layout.records_to_lower_len(first.max(1));
         if self.lower.metadata()?.len() > keep_len {
             st.touch();
-            self.lower.set_len(keep_len)?;
+            lower::set_len(&self.lower, keep_len)?;
         }
         let kept_groups = clear_end / GROUP_RECORDS;
         st.tables.retain(|&g, _| g < kept_groups);
@@ -427,7 +427,7 @@ impl Store {
         // plain data a writer may give it later (one that opened it as plain) could be taken
         // for a container a power cut undid. The next birth records it again.
         self.forget_birth()?;
-        self.lower.set_len(0)?;
+        lower::set_len(&self.lower, 0)?;
         st.gathered = None;
         st.header_on_disk = false;
         st.announced = false; // the next data brings a new first header, synced first
@@ -466,7 +466,7 @@ impl Store {
         };
         if self.lower.metadata()?.len() > end {
             st.touch();
-            self.lower.set_len(end)?;
+            lower::set_len(&self.lower, end)?;
             self.restore_mtime(st);
         }
         Ok(())

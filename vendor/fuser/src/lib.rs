@@ -932,13 +932,14 @@ pub trait Filesystem: Send + Sync + 'static {
         fh: FileHandle,
         flags: IoctlFlags,
         cmd: u32,
+        arg: u64,
         in_data: &[u8],
         out_size: u32,
         reply: ReplyIoctl,
     ) {
         warn!(
             "[Not Implemented] ioctl(ino: {ino:#x?}, fh: {fh}, flags: {flags}, \
-            cmd: {cmd}, in_data.len(): {}, out_size: {out_size})",
+            cmd: {cmd}, arg: {arg:#x}, in_data.len(): {}, out_size: {out_size})",
             in_data.len()
         );
         reply.error(Errno::ENOSYS);

@@ -466,6 +466,7 @@ impl<'a> RequestWithSender<'a> {
                     x.file_handle(),
                     x.flags(),
                     x.command(),
+                    x.argument(),
                     x.in_data(),
                     x.out_size(),
                     self.reply(),

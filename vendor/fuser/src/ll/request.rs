@@ -1391,6 +1391,12 @@ mod op {
         pub(crate) fn out_size(&self) -> u32 {
             self.arg.out_size
         }
+        /// The caller's argument as it passed it: for a restricted ioctl whose number says it
+        /// only returns data (`_IOR`), the address of that data in the caller, which the kernel
+        /// does not copy in (FS_IOC_SHUTDOWN reads its flags from there all the same).
+        pub(crate) fn argument(&self) -> u64 {
+            self.arg.arg
+        }
     }
 
     /// Poll.
