@@ -158,6 +158,12 @@ fn creator(req: &Request, umask: u32) -> Caller {
 
 /// FS_IOC_SHUTDOWN (`_IOR('X', 125, __u32)`, linux/fs.h; XFS_IOC_GOINGDOWN is the same number).
 const FS_IOC_SHUTDOWN: u32 = 0x8004_587d;
+/// The file attribute ioctls (linux/fs.h) as the kernel forwards them for `lsattr`/`chattr`
+/// (it reads and writes an int for the flags, a `struct fsxattr` for the others).
+const FS_IOC_GETFLAGS: u32 = 0x8008_6601;
+const FS_IOC_SETFLAGS: u32 = 0x4008_6602;
+const FS_IOC_FSGETXATTR: u32 = 0x801c_581f;
+const FS_IOC_FSSETXATTR: u32 = 0x401c_5820;
 
 /// Logs an error the way its kind deserves and turns it into an errno.
 fn errno(op: &str, e: FsError) -> Errno {
@@ -486,21 +492,51 @@ impl Filesystem for FuseAdapter {
         empty_reply!(reply, "fallocate", self.fs.fallocate(fh.0, offset, length, mode, changer(req, None)))
     }
 
-    /// FS_IOC_SHUTDOWN; every other ioctl is not this file system's (ENOTTY, as a local file
-    /// system answers one it does not know).
+    /// File attributes (`lsattr`, `chattr`: `core/fileattr.rs`) and FS_IOC_SHUTDOWN; every
+    /// other ioctl is not this file system's (ENOTTY, as a local file system answers one it
+    /// does not know).
     fn ioctl(
         &self,
         req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         _fh: FileHandle,
         _flags: IoctlFlags,
         cmd: u32,
         arg: u64,
-        _in_data: &[u8],
+        in_data: &[u8],
         _out_size: u32,
         reply: ReplyIoctl,
     ) {
         match cmd {
+            FS_IOC_GETFLAGS => match self.fs.file_flags(ino.0) {
+                Ok(flags) => reply.ioctl(0, &flags.to_ne_bytes()),
+                Err(e) => reply.error(errno("getflags", e)),
+            },
+            FS_IOC_SETFLAGS => {
+                let Some(flags) = in_data.get(..4) else { return reply.error(Errno::EINVAL) };
+                let flags = u32::from_ne_bytes(flags.try_into().expect("4 bytes"));
+                match self.fs.set_file_flags(ino.0, flags) {
+                    Ok(()) => reply.ioctl(0, &[]),
+                    Err(e) => {
+                        // chattr prints only the errno: the log says what to do instead.
+                        if e.errno == libc::EOPNOTSUPP {
+                            tracing::info!("chattr: {e}");
+                        }
+                        reply.error(errno("setflags", e))
+                    }
+                }
+            }
+            FS_IOC_FSGETXATTR => match self.fs.file_xattr_flags(ino.0) {
+                Ok(fsx) => reply.ioctl(0, &fsx),
+                Err(e) => reply.error(errno("fsgetxattr", e)),
+            },
+            FS_IOC_FSSETXATTR => {
+                let Some(fsx) = in_data.get(..crate::core::FSXATTR_SIZE) else { return reply.error(Errno::EINVAL) };
+                match self.fs.set_file_xattr_flags(ino.0, fsx) {
+                    Ok(()) => reply.ioctl(0, &[]),
+                    Err(e) => reply.error(errno("fssetxattr", e)),
+                }
+            }
             FS_IOC_SHUTDOWN => {
                 // The kernel passes no data for an `_IOR` number: the flags are read where the
                 // caller keeps them.

@@ -211,8 +211,12 @@ impl DenseFs {
     pub(super) fn queue_background(&self, inode: &Inode, c: &Container) {
         let Some(background) = self.background.get() else { return };
         let parent = self.inodes.parent_of(inode.nodeid).unwrap_or(super::ROOT);
-        let target = self.settings_in(parent).background_compression;
+        let settings = self.settings_in(parent);
+        let target = settings.background_compression;
         if target == Compression::OFF || c.compression() == crate::codec::Setting::Fixed(target) {
+            return;
+        }
+        if asked_for_none(c, settings.compression) {
             return;
         }
         let path = inode
@@ -343,6 +347,15 @@ impl DenseFs {
                 }
             }
         };
+        let parent = self.inodes.parent_of(inode.nodeid).unwrap_or(super::ROOT);
+        if asked_for_none(&c, self.settings_in(parent).compression) {
+            let mut open = node.open.lock();
+            open.background = false;
+            if open.handles == 0 && open.content.as_ref().is_some_and(|k| matches!(k, Content::Container(k) if Arc::ptr_eq(k, &c))) {
+                open.content = None;
+            }
+            return Retry::Gone;
+        }
         let before = stored_bytes(&c);
         // Whether the mount is writable, asked again at most every 200 ms.
         let writable = Mutex::new((Instant::now(), true));
@@ -536,6 +549,13 @@ fn background_loop(fs: Weak<DenseFs>, background: Arc<Background>) {
 }
 
 /// The lower file's allocated bytes.
+/// A file stored without compression where its directory compresses was asked for none
+/// (`chattr +m`, `fileattr.rs`): the pass leaves it alone.
+fn asked_for_none(c: &Container, directory_compression: crate::codec::Setting) -> bool {
+    let off = crate::codec::Setting::Fixed(Compression::OFF);
+    c.compression() == off && directory_compression != off
+}
+
 fn stored_bytes(c: &Container) -> u64 {
     c.lower_file().metadata().map(|m| std::os::unix::fs::MetadataExt::blocks(&m) * 512).unwrap_or(0)
 }

@@ -4,6 +4,7 @@
 use super::admission::writable_bytes;
 use super::atime::Atime;
 use super::container::{Container, ReadBytes};
+use super::fileattr::Change;
 use super::inodes::{Content, Inode, Node};
 use super::lower::{self, cstr};
 use super::privileges::Changer;
@@ -131,7 +132,13 @@ impl DenseFs {
                 }
                 Content::Container(Arc::new(c))
             }
-            Ok(None) if writable && file.metadata()?.len() == 0 => self.new_container(file, None, &settings)?,
+            Ok(None) if writable && file.metadata()?.len() == 0 => {
+                let mut settings = settings;
+                if let Some(wish) = codec_wish(&file) {
+                    settings.compression = wish;
+                }
+                self.new_container(file, None, &settings)?
+            }
             Ok(None) => Content::Plain(file),
             Err(e) => {
                 let label = self.label(inode);
@@ -265,6 +272,10 @@ impl DenseFs {
     pub fn open(&self, nodeid: u64, flags: i32, changer: Changer) -> FsResult<u64> {
         let inode = self.inode(nodeid)?;
         let writable = flags & libc::O_ACCMODE != libc::O_RDONLY;
+        if writable || flags & libc::O_TRUNC != 0 {
+            let appends = flags & libc::O_APPEND != 0 && flags & libc::O_TRUNC == 0;
+            self.check_protection(&inode, if appends { Change::Append } else { Change::Contents })?;
+        }
         let fh = self.open_inode(&inode, writable, None)?;
         if flags & libc::O_TRUNC != 0 {
             let truncated = (|| {
@@ -372,6 +383,9 @@ impl DenseFs {
         let handle = self.handle(fh)?;
         self.user_io();
         let Handle { inode, content, .. } = &*handle;
+        // Opened before `chattr +i`: refused, as ext4 checks at each write (and, as ext4, a
+        // descriptor opened before `chattr +a` goes on writing where it likes).
+        self.check_protection(inode, Change::Append)?;
         let killed = changer.fsetid == Some(false) && self.kill_privileges(&self.inode(inode.nodeid)?, &changer)?;
         let written = match content {
             Content::Container(c) => c.write(offset, data)?,
@@ -543,6 +557,19 @@ impl DenseFs {
 
     pub fn setattr(&self, nodeid: u64, fh: Option<u64>, set: SetAttr) -> FsResult<Attr> {
         let inode = self.inode(nodeid)?;
+        let sets_time = [set.atime, set.mtime].iter().flatten().any(|t| matches!(t, SetTime::At(_)));
+        let change = if set.size.is_some() {
+            Some(Change::Contents)
+        } else if set.mode.is_some() || set.uid.is_some() || set.gid.is_some() || sets_time {
+            Some(Change::Metadata)
+        } else if set.atime.is_some() || set.mtime.is_some() {
+            Some(Change::Touch)
+        } else {
+            None
+        };
+        if let Some(change) = change {
+            self.check_protection(&inode, change)?;
+        }
         // Through the node's descriptor when it is a real one (not O_PATH): fchmod and futimens
         // skip resolving /proc/self/fd/N, about 3 µs a call (tar and cp -p make both per file).
         let descriptor = inode.readable_fd().is_some();
@@ -616,6 +643,7 @@ impl DenseFs {
     pub fn fallocate(&self, fh: u64, offset: u64, len: u64, mode: i32, changer: Changer) -> FsResult<()> {
         let end = offset.checked_add(len).ok_or(FsError::errno(libc::EFBIG))?;
         let handle = self.handle(fh)?;
+        self.check_protection(&handle.inode, if mode & !libc::FALLOC_FL_KEEP_SIZE == 0 { Change::Append } else { Change::Contents })?;
         let served = matches!(handle.content, Content::Plain(_)) || container_serves(mode);
         if served && self.kill_privileges(&self.inode(handle.inode.nodeid)?, &changer)? {
             self.kernel_attrs_stale(&handle.inode);
@@ -678,4 +706,12 @@ fn container_serves(mode: i32) -> bool {
         libc::FALLOC_FL_PUNCH_HOLE => mode & libc::FALLOC_FL_KEEP_SIZE != 0,
         _ => false,
     }
+}
+
+/// The codec `chattr +c`/`+m` asked of the empty lower file `file` (`fileattr.rs`), if any.
+pub(super) fn codec_wish(file: &File) -> Option<crate::codec::Setting> {
+    let name = std::ffi::CString::new(crate::format::CODEC_WISH_XATTR).expect("no NUL in the name");
+    let mut buf = [0u8; 32];
+    let n = lower::getxattr_on(lower::XattrOn::Fd(std::os::fd::AsFd::as_fd(file)), &name, &mut buf).ok()?;
+    crate::codec::Setting::parse(std::str::from_utf8(&buf[..n]).ok()?).ok()
 }

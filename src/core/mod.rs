@@ -8,6 +8,7 @@
 mod admission;
 pub mod atime;
 mod background;
+pub mod fileattr;
 pub mod buffers;
 mod changed;
 pub mod container;
@@ -42,6 +43,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 pub use inodes::ROOT;
 pub use report::{Effective, ReportKind, Source};
+pub use fileattr::FSXATTR_SIZE;
 pub use shutdown::Shutdown;
 
 /// What the mount was asked for; applies to files created from now on.
@@ -199,6 +201,8 @@ pub struct DenseFs {
     background: std::sync::OnceLock<Arc<background::Background>>,
     /// The mount's statistics as counters (`usage.rs`).
     usage: Arc<usage::Accounting>,
+    /// The regular files `chattr +i`/`+a` protect (`fileattr.rs`).
+    protected: fileattr::Protected,
 }
 
 /// The requests of one kind a transport received (the kernel's name of the kind).
@@ -261,6 +265,7 @@ impl DenseFs {
         if st.st_mode & libc::S_IFMT != libc::S_IFDIR {
             return Err(FsError::new(libc::ENOTDIR, format!("{} is not a directory", lower_root.display())));
         }
+        let protected = fileattr::Protected::load(std::os::fd::AsRawFd::as_raw_fd(&fd));
         Ok(DenseFs {
             options,
             lower_root: std::fs::canonicalize(lower_root).unwrap_or_else(|_| lower_root.to_path_buf()),
@@ -282,6 +287,7 @@ impl DenseFs {
             hints: std::sync::OnceLock::new(),
             background: std::sync::OnceLock::new(),
             usage: Arc::default(),
+            protected,
         })
     }
 

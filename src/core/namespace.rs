@@ -336,6 +336,9 @@ impl DenseFs {
         let dir = self.inode(parent)?;
         let c = cstr(name)?;
         let st = lower::entry_stat_at(dir.raw_fd(), &c);
+        if let Some(st) = st.as_ref().filter(|st| st.st_mode & libc::S_IFMT == libc::S_IFREG) {
+            self.protected.check_entry(dir.raw_fd(), &c, st.st_ino)?;
+        }
         let unlinked = st.as_ref().map(lower::id_and_links);
         let leaving = self.leaving_counters(dir.raw_fd(), &c, st);
         lower::unlinkat(dir.raw_fd(), &c, 0)?;
@@ -364,6 +367,12 @@ impl DenseFs {
         let b = cstr(new_name)?;
         let moving = lower::id_at(from.raw_fd(), &a);
         let displaced_st = lower::entry_stat_at(to.raw_fd(), &b);
+        if let Some((_, ino)) = moving {
+            self.protected.check_entry(from.raw_fd(), &a, ino)?;
+        }
+        if let Some(st) = displaced_st.as_ref().filter(|st| st.st_mode & libc::S_IFMT == libc::S_IFREG) {
+            self.protected.check_entry(to.raw_fd(), &b, st.st_ino)?;
+        }
         let displaced = displaced_st.as_ref().map(lower::id_and_links);
         let replaced = displaced_st.filter(|st| flags & libc::RENAME_EXCHANGE == 0 && moving != Some((st.st_dev, st.st_ino)));
         let leaving = self.leaving_counters(to.raw_fd(), &b, replaced);
@@ -420,6 +429,7 @@ impl DenseFs {
     pub fn link(&self, nodeid: u64, new_parent: u64, new_name: &OsStr) -> FsResult<Attr> {
         hidden(new_name, libc::EPERM)?;
         let inode = self.inode(nodeid)?;
+        self.check_protection(&inode, super::fileattr::Change::Name)?;
         let dir = self.inode(new_parent)?;
         let c = cstr(new_name)?;
         let src = lower::proc_path(inode.raw_fd());

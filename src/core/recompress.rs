@@ -98,6 +98,9 @@ impl DenseFs {
         if open.handles > 0 {
             return Err(FsError::new(libc::EBUSY, "open; changing how it is stored needs it closed"));
         }
+        if self.protected.flags(node) != 0 {
+            return Err(FsError::new(libc::EPERM, "immutable or append-only (chattr): it stays in its lower file"));
+        }
         if lower_meta.nlink() > 1 {
             return Err(FsError::new(libc::EMLINK, "hard-linked; changing how it is stored would split the links"));
         }
@@ -172,6 +175,44 @@ impl DenseFs {
             self.kernel_cache_stale(parent, KernelCache::Listing);
         }
         result
+    }
+}
+
+impl DenseFs {
+    /// The codec `node`'s records get from now on (`chattr +c`/`+m`, `fileattr.rs`), made
+    /// durable in its header. A plain file (there before the mount) has no header to keep one:
+    /// it moves into a container only by `densefs recompress`, which needs it closed.
+    pub(super) fn set_file_codec(&self, node: &Node, setting: crate::codec::Setting) -> FsResult<()> {
+        let open = node.open.lock();
+        let empty_plain = |c: &Content| matches!(c, Content::Plain(f) if f.metadata().is_ok_and(|m| m.len() == 0));
+        if open.content.as_ref().is_none_or(empty_plain) {
+            // No header to keep it in yet (an empty file takes no space): noted on the lower
+            // file for its first write (`load_content_of`).
+            let file = lower::reopen(node.raw_fd(), libc::O_RDONLY | libc::O_NONBLOCK)?;
+            if file.metadata()?.len() == 0 {
+                let name = std::ffi::CString::new(crate::format::CODEC_WISH_XATTR).expect("no NUL in the name");
+                lower::fsetxattr(&file, &name, setting.to_string().as_bytes(), 0)?;
+                return Ok(());
+            }
+        }
+        let content = match &open.content {
+            Some(c) => {
+                self.make_content_writable(c, node)?;
+                c.clone()
+            }
+            None => self.load_content(node, true, None)?,
+        };
+        match content {
+            Content::Container(c) => {
+                c.set_compression(setting);
+                c.sync(true)
+            }
+            Content::Plain(_) if setting == crate::codec::Setting::Fixed(crate::codec::Compression::OFF) => Ok(()),
+            Content::Plain(_) => Err(FsError::new(
+                libc::EOPNOTSUPP,
+                "a file that was on the lower before the mount is stored as it is: `densefs recompress` compresses it",
+            )),
+        }
     }
 }
 

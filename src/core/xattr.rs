@@ -13,6 +13,7 @@
 //! The requests are the table in `crate::control` (reports, engine counters, recompress, the
 //! properties); the dispatch below matches on its [`Control`] values, never on spelled names.
 
+use super::fileattr::Change;
 use super::inodes::Node;
 use super::lower::{self, cstr};
 use super::props::{PROPS_XATTR, XATTR_PREFIX};
@@ -160,7 +161,9 @@ impl DenseFs {
                 _ => self.set_property(nodeid, key, Some(value.trim())),
             };
         }
-        self.inode(nodeid)?.no_capability.store(false, Ordering::Relaxed);
+        let inode = self.inode(nodeid)?;
+        self.check_protection(&inode, Change::Metadata)?;
+        inode.no_capability.store(false, Ordering::Relaxed);
         let target = self.xattr_target(nodeid)?;
         let name = cstr(name)?;
         lower::setxattr_on(target.on(), &name, value, flags)?;
@@ -184,6 +187,7 @@ impl DenseFs {
                 _ => self.set_property(nodeid, key, None),
             };
         }
+        self.check_protection(&*self.inode(nodeid)?, Change::Metadata)?;
         let target = self.xattr_target(nodeid)?;
         let name = cstr(name)?;
         lower::removexattr_on(target.on(), &name)?;

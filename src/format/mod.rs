@@ -83,6 +83,10 @@ pub const DESCRIPTOR_SIZE: usize = layout::DESCRIPTOR_SIZE as usize;
 /// first header needs no sync of its own. In densefs's own namespace, which users never see.
 pub const BIRTH_HEADER_XATTR: &str = "user.densefs.birth";
 pub const BIRTH_HEADER_SIZE: usize = 8;
+/// The codec `chattr +c`/`+m` asked of an empty lower file (no header yet), as text
+/// (`zstd-3`, `off`): its first write makes it a container of that codec instead of its
+/// directory's (docs/FORMAT.md, "File attributes").
+pub const CODEC_WISH_XATTR: &str = "user.densefs.codec";
 
 /// Why a container's metadata could not be used.
 #[derive(Debug, Clone, PartialEq, Eq)]

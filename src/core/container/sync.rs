@@ -159,6 +159,16 @@ impl Container {
         reclaimed
     }
 
+    /// The codec records written from now on get (`chattr +c`/`+m`), kept in the header from
+    /// the next sync on; stored records keep theirs until rewritten.
+    pub fn set_compression(&self, compression: Setting) {
+        let mut st = self.state.lock();
+        if st.store.compression != compression {
+            st.store.compression = compression;
+            st.store.header_stale = true;
+        }
+    }
+
     /// Re-encodes every stored record with `compression` (ZFS's `zfs rewrite`). Each record takes
     /// the ordinary write path, so the file stays readable and writable meanwhile and a crash
     /// leaves every record at its old or its new encoding of the same bytes.

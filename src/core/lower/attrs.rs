@@ -54,6 +54,45 @@ pub fn futimens(file: &File, times: &[libc::timespec; 2]) -> io::Result<()> {
     Ok(())
 }
 
+/// FS_IOC_GETFLAGS / FS_IOC_SETFLAGS / FS_IOC_FSGETXATTR / FS_IOC_FSSETXATTR (linux/fs.h).
+const FS_IOC_GETFLAGS: libc::c_ulong = 0x8008_6601;
+const FS_IOC_SETFLAGS: libc::c_ulong = 0x4008_6602;
+const FS_IOC_FSGETXATTR: libc::c_ulong = 0x801c_581f;
+const FS_IOC_FSSETXATTR: libc::c_ulong = 0x401c_5820;
+
+/// The inode flags of an open file (`lsattr`; the kernel reads and writes an int).
+pub fn get_flags(file: &File) -> io::Result<u32> {
+    let mut flags: libc::c_int = 0;
+    // SAFETY: the kernel writes one int into `flags`, which outlives the call.
+    check(unsafe { libc::ioctl(file.as_raw_fd(), FS_IOC_GETFLAGS, &mut flags as *mut libc::c_int) })?;
+    Ok(flags as u32)
+}
+
+/// Sets the inode flags of an open file (`chattr`).
+pub fn set_flags(file: &File, flags: u32) -> io::Result<()> {
+    super::fence::check()?;
+    let flags = flags as libc::c_int;
+    // SAFETY: the kernel reads one int from `flags`, which outlives the call.
+    check(unsafe { libc::ioctl(file.as_raw_fd(), FS_IOC_SETFLAGS, &flags as *const libc::c_int) })?;
+    Ok(())
+}
+
+/// An open file's `struct fsxattr` (28 bytes: xflags, extsize, nextents, projid, cowextsize).
+pub fn get_fsxattr(file: &File) -> io::Result<[u8; 28]> {
+    let mut fsx = [0u8; 28];
+    // SAFETY: the kernel writes one struct fsxattr (28 bytes) into `fsx`.
+    check(unsafe { libc::ioctl(file.as_raw_fd(), FS_IOC_FSGETXATTR, fsx.as_mut_ptr()) })?;
+    Ok(fsx)
+}
+
+/// Sets an open file's `struct fsxattr`.
+pub fn set_fsxattr(file: &File, fsx: &[u8; 28]) -> io::Result<()> {
+    super::fence::check()?;
+    // SAFETY: the kernel reads one struct fsxattr (28 bytes) from `fsx`.
+    check(unsafe { libc::ioctl(file.as_raw_fd(), FS_IOC_FSSETXATTR, fsx.as_ptr()) })?;
+    Ok(())
+}
+
 /// What the kernel holds of a thread for the setuid/setgid rules: its supplementary groups and
 /// whether CAP_FSETID is in its effective set.
 pub struct Credentials {
