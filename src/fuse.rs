@@ -488,6 +488,17 @@ impl Filesystem for FuseAdapter {
         }
     }
 
+    /// O_TMPFILE (`core/tmpfile.rs`).
+    fn tmpfile(&self, req: &Request, parent: INodeNo, mode: u32, umask: u32, flags: i32, reply: ReplyCreate) {
+        match self.fs.tmpfile(parent.0, mode, creator(req, umask)) {
+            Ok((attr, fh)) => {
+                let generation = Generation(self.fs.generation(attr.ino));
+                reply.created(&self.ttl, &fuse_attr(&attr), generation, FileHandle(fh), self.file_open_flags(flags))
+            }
+            Err(e) => reply.error(errno("tmpfile", e)),
+        }
+    }
+
     fn fallocate(&self, req: &Request, _ino: INodeNo, fh: FileHandle, offset: u64, length: u64, mode: i32, reply: ReplyEmpty) {
         empty_reply!(reply, "fallocate", self.fs.fallocate(fh.0, offset, length, mode, changer(req, None)))
     }

@@ -139,7 +139,12 @@ fn immutable_and_append_only_refuse_what_ext4_refuses_and_survive_a_remount() {
         let (want, want_bytes) = try_everything(&reference, &protected_file(&reference, flag));
         let (got, got_bytes) = try_everything(&d.mnt, &protected_file(&d.mnt, flag));
         assert_eq!(got, want, "+{flag}: densefs (left) and ext4 (right) answered differently");
-        assert!(got_bytes == want_bytes, "+{flag}: the file's bytes differ from ext4's ({} vs {} bytes)", got_bytes.len(), want_bytes.len());
+        assert!(
+            got_bytes == want_bytes,
+            "+{flag}: the file's bytes differ from ext4's ({} vs {} bytes)",
+            got_bytes.len(),
+            want_bytes.len()
+        );
         assert!(want.iter().any(|(_, e)| *e == Some(libc::EPERM)), "+{flag} refused nothing on ext4: {want:?}");
         clean(&reference);
         clean(&d.mnt);
@@ -159,7 +164,12 @@ fn immutable_and_append_only_refuse_what_ext4_refuses_and_survive_a_remount() {
         let out = Command::new("xfs_io").args(["-r", "-c", "lsattr"]).arg(path).output().expect("run xfs_io");
         String::from_utf8_lossy(&out.stdout).split_whitespace().next().unwrap_or_default().to_string()
     };
-    assert!(xflags(&m.path("kept")).contains('a') && xflags(&m.path("frozen")).contains('i'), "{} {}", xflags(&m.path("kept")), xflags(&m.path("frozen")));
+    assert!(
+        xflags(&m.path("kept")).contains('a') && xflags(&m.path("frozen")).contains('i'),
+        "{} {}",
+        xflags(&m.path("kept")),
+        xflags(&m.path("frozen"))
+    );
     assert_eq!(errno(std::fs::remove_file(m.path("frozen"))), Some(libc::EPERM));
     assert_eq!(errno(std::fs::write(m.path("kept"), b"over")), Some(libc::EPERM));
     OpenOptions::new().append(true).open(m.path("kept")).unwrap().write_all(b"another\n").unwrap();
@@ -292,4 +302,3 @@ fn c_and_m_follow_btrfs_and_set_how_densefs_stores() {
     common::wait_up_to("the log to say what to do", 10, || m.log_text().contains("densefs recompress"));
     m.unmount();
 }
-

@@ -227,7 +227,7 @@ impl DenseFs {
     }
 
     /// `created`: as for `load_content`.
-    fn open_inode(&self, inode: &Node, writable: bool, created: Option<libc::stat>) -> FsResult<u64> {
+    pub(super) fn open_inode(&self, inode: &Node, writable: bool, created: Option<libc::stat>) -> FsResult<u64> {
         let mut open = inode.open.lock();
         let content = match &open.content {
             Some(c) => {
@@ -458,7 +458,9 @@ impl DenseFs {
         if open.content.as_ref().is_some_and(|c| c.nameless(inode)) {
             // Unlinked while open: nobody can read it again, so nothing is written back and
             // its space comes back when its descriptor is closed, at the kernel's FORGET.
-            open.content = None;
+            if let Some(content) = open.content.take() {
+                self.let_go_of_nameless(inode, content);
+            }
             return;
         }
         let Some(content) = open.content.take() else { return };

@@ -87,7 +87,8 @@ impl Protected {
         if lines.next() == Some(TABLE_HEADER) {
             for line in lines {
                 let mut words = line.split_whitespace();
-                let parsed = (|| Some((words.next()?.parse().ok()?, words.next()?.parse().ok()?, u32::from_str_radix(words.next()?, 16).ok()?)))();
+                let parsed =
+                    (|| Some((words.next()?.parse().ok()?, words.next()?.parse().ok()?, u32::from_str_radix(words.next()?, 16).ok()?)))();
                 match parsed {
                     Some((ino, generation, flags)) if flags & PROTECTION != 0 => {
                         table.insert(ino, (generation, flags & PROTECTION));

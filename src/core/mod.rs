@@ -8,12 +8,12 @@
 mod admission;
 pub mod atime;
 mod background;
-pub mod fileattr;
 pub mod buffers;
 mod changed;
 pub mod container;
 pub mod data;
 pub mod error;
+pub mod fileattr;
 mod hints;
 mod inodes;
 mod landing;
@@ -26,6 +26,7 @@ mod recompress;
 mod report;
 mod shutdown;
 pub mod store;
+mod tmpfile;
 mod usage;
 mod xattr;
 
@@ -41,9 +42,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+pub use fileattr::FSXATTR_SIZE;
 pub use inodes::ROOT;
 pub use report::{Effective, ReportKind, Source};
-pub use fileattr::FSXATTR_SIZE;
 pub use shutdown::Shutdown;
 
 /// What the mount was asked for; applies to files created from now on.

@@ -103,7 +103,7 @@ pub fn open_root(path: &std::path::Path) -> io::Result<OwnedFd> {
 /// openat(2) of `name` in `dir` for I/O, `flags` as given (callers pass O_NOFOLLOW and
 /// O_CLOEXEC); `mode` is used when the flags create the file.
 pub fn openat(dir: RawFd, name: &CStr, flags: libc::c_int, mode: u32) -> io::Result<File> {
-    if flags & (libc::O_CREAT | libc::O_TRUNC) != 0 {
+    if flags & (libc::O_CREAT | libc::O_TRUNC) != 0 || flags & libc::O_TMPFILE == libc::O_TMPFILE {
         fence::check()?;
     }
     // SAFETY: `name` is NUL-terminated and outlives the call; the mode is a plain integer.

@@ -869,6 +869,15 @@ pub trait Filesystem: Send + Sync + 'static {
         reply.error(Errno::ENOSYS);
     }
 
+    /// Create and open an unnamed file in directory `parent` (O_TMPFILE, FUSE_TMPFILE, Linux
+    /// 6.1+): answered as `create` is. The kernel makes its link count 0 itself; `linkat` then
+    /// gives it a name through `link`. ENOSYS (the default) makes the kernel answer
+    /// EOPNOTSUPP to O_TMPFILE from then on.
+    fn tmpfile(&self, _req: &Request, parent: INodeNo, mode: u32, umask: u32, flags: i32, reply: ReplyCreate) {
+        warn!("[Not Implemented] tmpfile(parent: {parent:#x?}, mode: {mode}, umask: {umask:#x?}, flags: {flags:#x?})");
+        reply.error(Errno::ENOSYS);
+    }
+
     /// Test for a POSIX file lock.
     fn getlk(
         &self,
