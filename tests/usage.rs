@@ -123,7 +123,10 @@ fn random_workload(mnt: &Path, seed: u64, ops: usize) {
                     f.write_all_at(&compressible(rng.gen_range(1..300_000), op as u64), 0)?;
                     match rng.gen_range(0..3) {
                         0 => link_at(&f, &path),
-                        1 => Ok(held.push(f)),
+                        1 => {
+                            held.push(f);
+                            Ok(())
+                        }
                         _ => Ok(()),
                     }
                 }),
