@@ -228,6 +228,12 @@ impl Filesystem for FuseAdapter {
         // An ACL change by a caller outside the file's group takes setgid, as chmod does; the
         // kernel says so in SETXATTR's extended flags (FUSE_SETXATTR_ACL_KILL_SGID).
         let _ = config.add_capabilities(InitFlags::FUSE_SETXATTR_EXT);
+        // Idmapped mounts of the mount (Linux 6.12+; container runtimes bind a host directory
+        // into a container with shifted ids): the kernel maps ids itself, permissions being
+        // checked by it (default_permissions), and sends the owner a new entry gets on disk.
+        if config.add_capabilities(InitFlags::FUSE_ALLOW_IDMAP).is_err() {
+            tracing::info!("this kernel offers no idmapped FUSE mounts (Linux 6.12+)");
+        }
         // A direct write drops the pages other opens cached of its range since Linux 6.6, the
         // release that also offers DIRECT_IO_ALLOW_MMAP (not asked for: write-only opens cannot
         // map anyway). Before it, a reader could go on seeing what a direct write replaced.
