@@ -12,7 +12,8 @@ use libc::{S_ISGID, S_ISUID, S_IXGRP};
 #[derive(Clone, Copy, Debug)]
 pub struct Changer {
     pub uid: u32,
-    /// The file system gid (the FUSE request's).
+    /// The file system gid (the FUSE request's; [`UNKNOWN_ID`] where the kernel sends none:
+    /// under FUSE_ALLOW_IDMAP it sends ids only with requests that create an inode).
     pub gid: u32,
     /// The thread, whose /proc status tells its other groups and its capabilities.
     pub pid: u32,
@@ -20,6 +21,9 @@ pub struct Changer {
     /// flag); else read from /proc, only for a file with a bit to lose.
     pub fsetid: Option<bool>,
 }
+
+/// The id a request carries where the kernel tells none (`FUSE_INVALID_UIDGID`).
+pub const UNKNOWN_ID: u32 = u32::MAX;
 
 /// The daemon itself (CAP_FSETID): takes nothing.
 impl Default for Changer {
@@ -52,7 +56,13 @@ impl DenseFs {
         if fsetid {
             return Ok(false);
         }
-        let in_group = || changer.gid == st.st_gid || credentials.as_ref().is_some_and(|c| c.groups.contains(&st.st_gid));
+        // Under FUSE_ALLOW_IDMAP the request carries no gid: the thread's own says it (on an
+        // idmapped mount, in the caller's ids, so a member by its primary group loses setgid).
+        let gid = match changer.gid {
+            UNKNOWN_ID => credentials.as_ref().map(|c| c.fsgid),
+            gid => Some(gid),
+        };
+        let in_group = || gid == Some(st.st_gid) || credentials.as_ref().is_some_and(|c| c.groups.contains(&st.st_gid));
         let drop = bits_to_drop(mode, in_group);
         if drop == 0 {
             return Ok(false);
@@ -80,5 +90,7 @@ mod tests {
         // SAFETY: getgroups with a buffer of the length passed.
         let n = unsafe { libc::getgroups(0, std::ptr::null_mut()) };
         assert_eq!(c.groups.len(), n as usize);
+        // SAFETY: setfsgid(-1) changes nothing and returns the current file system gid.
+        assert_eq!(c.fsgid, unsafe { libc::setfsgid(u32::MAX) } as u32);
     }
 }

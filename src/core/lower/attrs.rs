@@ -97,6 +97,8 @@ pub fn set_fsxattr(file: &File, fsx: &[u8; 28]) -> io::Result<()> {
 /// whether CAP_FSETID is in its effective set.
 pub struct Credentials {
     pub groups: Vec<u32>,
+    /// The file system gid (the fourth of `Gid:`).
+    pub fsgid: u32,
     pub fsetid: bool,
     /// The effective capability set, a bit per capability number.
     pub effective: u64,
@@ -132,5 +134,6 @@ pub fn credentials(tid: u32) -> io::Result<Credentials> {
     let bad = || io::Error::new(io::ErrorKind::InvalidData, format!("/proc/{tid}/status"));
     let groups = field("Groups:").ok_or_else(bad)?.split_whitespace().map(|g| g.parse().map_err(|_| bad())).collect::<io::Result<_>>()?;
     let effective = u64::from_str_radix(field("CapEff:").ok_or_else(bad)?, 16).map_err(|_| bad())?;
-    Ok(Credentials { groups, fsetid: effective & (1 << CAP_FSETID) != 0, effective })
+    let fsgid = field("Gid:").and_then(|g| g.split_whitespace().nth(3)?.parse().ok()).ok_or_else(bad)?;
+    Ok(Credentials { groups, fsgid, fsetid: effective & (1 << CAP_FSETID) != 0, effective })
 }
