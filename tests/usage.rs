@@ -202,8 +202,11 @@ fn counters_agree_with_a_walk_after_a_workload_a_clean_remount_and_a_kill() {
     wait_up_to("the counters rebuilt", WAIT, || !engine_snapshot(&d.mnt)["usage"].is_null());
     let rebuilt = engine_snapshot(&d.mnt)["usage"].clone();
     let walked = report(&d.mnt, "scrub");
-    assert_eq!(rebuilt["used"], walked["stats"]["used"], "{rebuilt} {walked}");
-    assert_eq!(rebuilt["files"], walked["files"]);
+    assert_eq!(rebuilt["files"], walked["files"], "{rebuilt} {walked}");
+    // Within a block per file: the lower writes back what the killed daemon left in its page
+    // cache between the two walks, and adds extent blocks as it does (assert_counters_agree).
+    let (used_rebuilt, used_walked) = (rebuilt["used"].as_i64().unwrap(), walked["stats"]["used"].as_i64().unwrap());
+    assert!((used_rebuilt - used_walked).abs() <= 4096 * walked["files"].as_i64().unwrap(), "{rebuilt} {walked}");
     assert_counters_agree(&d.mnt, "after a kill");
     random_workload(&d.mnt, 4, 200);
     assert_counters_agree(&d.mnt, "after a kill, a walk and a workload");
