@@ -247,10 +247,43 @@ fn a_mount_remounted_read_only_writes_nothing_until_it_is_writable_again() {
     m.unmount();
 }
 
+/// `background_rate` bounds the pass's lower I/O: a file whose lz4 copies take B bytes is read
+/// and written back (2B at most) no faster than the rate allows, whatever the CPU could do.
+#[test]
+fn the_pass_keeps_to_its_rate_of_lower_io() {
+    const RATE: u64 = 1 << 20;
+    let d = Dirs::new();
+    let m = Mount::new(&d.lower, &d.mnt, "compression=lz4,background_compression=gzip-1,background_delay=0,background_rate=1M");
+    assert_eq!(background(&d.mnt)["rate_bytes_per_second"], RATE);
+    let data = compressible(8 << 20, 11);
+    std::fs::write(m.path("f"), &data).unwrap();
+    let closed = Instant::now();
+    // What the lower file held in lz4 (its header and tables are a few blocks).
+    let stored = std::fs::metadata(d.lower.join("f")).unwrap().blocks() * 512;
+    wait_up_to("f in gzip-1", WAIT, || all_in(&m.path("f"), "gzip-1"));
+    wait_up_to("nothing waiting", WAIT, || background(&d.mnt)["waiting_files"] == 0);
+    let took = closed.elapsed().as_secs_f64();
+    // Charged: each copy read, and as much again for its new copy; a second's worth goes ahead.
+    let least = (2 * stored.saturating_sub(64 << 10)).saturating_sub(RATE) as f64 / RATE as f64;
+    assert!(least > 2.0, "the file is too small to show the rate ({stored} bytes stored)");
+    assert!(took >= least * 0.95, "the pass took {took:.1} s for {stored} stored bytes at 1 MiB/s (at least {least:.1} s)");
+    let b = background(&d.mnt);
+    assert!(b["rate_waits_ms"].as_u64().unwrap() > 0, "{b}");
+    assert!(std::fs::read(m.path("f")).unwrap() == data);
+    m.unmount();
+}
+
 #[test]
 fn bad_values_are_refused() {
     let d = Dirs::new();
-    for options in ["background_compression=auto", "background_compression=zstd-99", "background_delay=soon", "background_delay=100000"] {
+    for options in [
+        "background_compression=auto",
+        "background_compression=zstd-99",
+        "background_delay=soon",
+        "background_delay=100000",
+        "background_rate=fast",
+        "background_rate=100K",
+    ] {
         let out = densefs(&["mount", "-o", options, d.lower.to_str().unwrap(), d.mnt.to_str().unwrap()]);
         assert!(!out.status.success(), "{options} was accepted");
         let err = String::from_utf8_lossy(&out.stderr);

@@ -56,7 +56,7 @@ pub struct MountOptionDoc {
 }
 
 /// The mount options that are not properties, in the order help shows them.
-pub const MOUNT_OPTIONS: [MountOptionDoc; 24] = [
+pub const MOUNT_OPTIONS: [MountOptionDoc; 25] = [
     MountOptionDoc { names: &["compress"], value: "ALG", example: "zstd-3", about: "The same as compression=." },
     MountOptionDoc {
         names: &["offload_min", "offload_max"],
@@ -87,6 +87,12 @@ pub const MOUNT_OPTIONS: [MountOptionDoc; 24] = [
         value: "SECONDS",
         example: "1",
         about: "How long a file must stay closed before background_compression re-encodes it, in seconds (or 500ms); a file opened again meanwhile waits that long again (default 5).",
+    },
+    MountOptionDoc {
+        names: &["background_rate"],
+        value: "SIZE",
+        example: "32M",
+        about: "The most lower I/O background_compression's pass makes, read and written, per second (0: no bound; default 128M). Its threads also run only when nothing else wants the CPU and the disk, but disks whose scheduler ignores I/O priorities (none, mq-deadline: most SSDs) need the bound.",
     },
     MountOptionDoc {
         names: &["threads"],
@@ -227,6 +233,16 @@ pub fn parse_mount_options(list: &str) -> Result<MountConfig, String> {
                 let v = need(value)?;
                 options.background_delay =
                     parse_delay(&v).ok_or_else(|| format!("invalid background_delay '{v}' (seconds up to 86400, e.g. 5 or 500ms)"))?;
+            }
+            "background_rate" => {
+                let v = need(value)?;
+                options.background_rate = if v == "0" {
+                    0
+                } else {
+                    parse_size(&v)
+                        .filter(|&n| n >= 1 << 20)
+                        .ok_or_else(|| format!("invalid background_rate '{v}' (0, or at least 1M, e.g. 64M)"))?
+                };
             }
             "precheck" => engine.precheck = on_off(key, value)?,
             "verify" => engine.verify = on_off(key, value)?,

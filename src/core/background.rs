@@ -86,6 +86,43 @@ struct Counters {
     failed: AtomicU64,
     /// Times a pass's thread waited for users' writes to land first.
     yielded: AtomicU64,
+    /// Milliseconds the pass's threads waited for `background_rate`.
+    rate_waits_ms: AtomicU64,
+}
+
+/// The bound on the pass's lower I/O (`background_rate`): each record's bytes push the time
+/// the next may start by their share of a second, and a thread ahead of it waits. The idle
+/// I/O class alone orders nothing where the disk's scheduler ignores priorities (`none` and
+/// `mq-deadline`, the defaults for NVMe and most SSDs).
+struct Rate {
+    bytes_per_second: u64,
+    /// When the bytes charged so far have been spent at the rate.
+    spent_until: Mutex<Instant>,
+}
+
+impl Rate {
+    fn new(bytes_per_second: u64) -> Rate {
+        Rate { bytes_per_second, spent_until: Mutex::new(Instant::now()) }
+    }
+
+    /// Charges `bytes`; waits while the pass is ahead of its rate (none for a rate of 0).
+    fn take(&self, bytes: u64, waited_ms: &AtomicU64) {
+        if self.bytes_per_second == 0 {
+            return;
+        }
+        let now = Instant::now();
+        let wait = {
+            let mut until = self.spent_until.lock();
+            *until = (*until).max(now) + Duration::from_secs_f64(bytes as f64 / self.bytes_per_second as f64);
+            until.saturating_duration_since(now)
+        };
+        // Up to a second ahead is let through: a record of the largest size at a low rate.
+        let wait = wait.saturating_sub(Duration::from_secs(1));
+        if !wait.is_zero() {
+            waited_ms.fetch_add(wait.as_millis() as u64, Ordering::Relaxed);
+            std::thread::sleep(wait);
+        }
+    }
 }
 
 /// Whether the mount takes writes now (`mount -o remount,ro` changes it behind the daemon).
@@ -93,6 +130,7 @@ pub type Writable = Box<dyn Fn() -> bool + Send + Sync>;
 
 pub struct Background {
     delay: Duration,
+    rate: Rate,
     writable: Writable,
     queue: Mutex<Queue>,
     wake: Condvar,
@@ -106,9 +144,10 @@ pub struct Background {
 }
 
 impl Background {
-    pub fn new(delay: Duration, writable: Writable) -> Background {
+    pub fn new(delay: Duration, rate: u64, writable: Writable) -> Background {
         Background {
             delay,
+            rate: Rate::new(rate),
             writable,
             queue: Mutex::new(Queue::default()),
             wake: Condvar::new(),
@@ -233,7 +272,7 @@ impl DenseFs {
     /// `writable`: asked before each file's pass; a mount remounted read-only writes nothing
     /// (its files wait, and go once it is writable again).
     pub fn start_background(self: &Arc<Self>, writable: Writable) {
-        let background = Arc::new(Background::new(self.options.background_delay, writable));
+        let background = Arc::new(Background::new(self.options.background_delay, self.options.background_rate, writable));
         if self.background.set(background.clone()).is_err() {
             return;
         }
@@ -303,6 +342,8 @@ impl DenseFs {
             "postponed": load(&c.postponed),
             "failed": load(&c.failed),
             "yielded": load(&c.yielded),
+            "rate_bytes_per_second": b.rate.bytes_per_second,
+            "rate_waits_ms": load(&c.rate_waits_ms),
         })
     }
 
@@ -473,9 +514,11 @@ impl DenseFs {
                 let counters = &background.counters;
                 match c.densify_record(record, &densify)? {
                     Densified::Skipped => continue,
-                    Densified::Sent { logical } => {
+                    Densified::Sent { logical, stored } => {
                         counters.bytes_in.fetch_add(logical, Ordering::Relaxed);
                         counters.records.fetch_add(1, Ordering::Relaxed);
+                        // The copy read, and at most as much written (a copy lands only smaller).
+                        background.rate.take(2 * stored, &counters.rate_waits_ms);
                     }
                 }
             }

@@ -58,6 +58,8 @@ pub struct Options {
     pub atime: atime::Atime,
     /// How long a file stays closed before background compression re-encodes it.
     pub background_delay: Duration,
+    /// The background pass's lower I/O, bytes per second read and written (0: unbounded).
+    pub background_rate: u64,
 }
 
 impl Default for Options {
@@ -67,6 +69,7 @@ impl Default for Options {
             cache_size: 256 << 20,
             atime: atime::Atime::Relative,
             background_delay: Duration::from_secs(5),
+            background_rate: 128 << 20,
         }
     }
 }

@@ -26,8 +26,9 @@ pub enum Densified {
     Skipped,
     /// Read for re-encoding (`logical` bytes) and sent: compressed and landed here, handed to
     /// the engine (an accelerator is in play), or sent first by a writeback of the file, with
-    /// the pass's codec. A copy lands only where it is smaller.
-    Sent { logical: u64 },
+    /// the pass's codec. A copy lands only where it is smaller than the `stored` bytes of the
+    /// copy read.
+    Sent { logical: u64, stored: u64 },
 }
 
 impl Container {
@@ -41,7 +42,7 @@ impl Container {
     /// in play, else through the engine, which sends it to the accelerator first.
     pub fn densify_record(self: &Arc<Self>, record: u64, densify: &Densify) -> FsResult<Densified> {
         let target = densify.target;
-        {
+        let stored = {
             let _io = self.slot_io.read();
             let mut st = self.state.lock();
             if st.buffers.is_pending(record) {
@@ -51,9 +52,9 @@ impl Container {
             match newest {
                 None => return Ok(Densified::Skipped),
                 Some(d) if d.is_hole() || (d.codec() == target.codec && d.level as i32 == target.level) => return Ok(Densified::Skipped),
-                Some(_) => {}
+                Some(d) => d.stored_len as u64,
             }
-        }
+        };
         if !self.load(record, Load::Rewrite { densify: Some(densify.clone()) })? {
             return Ok(Densified::Skipped);
         }
@@ -64,16 +65,16 @@ impl Container {
         };
         // Nothing sent: a writeback took the record first (it carries the mark), or a user's
         // write replaced it.
-        let Some(sent) = sent.into_iter().next() else { return Ok(Densified::Sent { logical }) };
+        let Some(sent) = sent.into_iter().next() else { return Ok(Densified::Sent { logical, stored }) };
         if self.compress_and_land_here(&sent) {
             if let Some(e) = self.state.lock().write_error.take() {
                 return Err(e);
             }
-            return Ok(Densified::Sent { logical });
+            return Ok(Densified::Sent { logical, stored });
         }
         self.engine.submit(vec![self.job(sent)]);
         self.wait_for_room();
-        Ok(Densified::Sent { logical })
+        Ok(Densified::Sent { logical, stored })
     }
 
     /// After a pass: waits for what it handed to the engine, syncs (the old copies are freed)
