@@ -374,13 +374,18 @@ fn check_after_crash(m: &Mount, journal: &Journal, round: usize, power_cut: bool
     verified
 }
 
-#[test]
-fn sigkill_during_writes_never_loses_fsynced_data_or_returns_garbage() {
-    let rounds: usize = std::env::var("DENSEFS_CRASH_ROUNDS").ok().and_then(|s| s.parse().ok()).unwrap_or(30);
-    let seed: u64 = std::env::var("DENSEFS_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64);
+/// How a round of the workload ends.
+#[derive(Clone, Copy)]
+enum Interrupt {
+    /// SIGKILL of the daemon.
+    Kill,
+    /// FS_IOC_SHUTDOWN without a flush (`xfs_io -x -c shutdown`), then a clean unmount.
+    Shutdown,
+}
+
+/// `rounds` rounds of the writer, each ended by `how` and checked after the next mount.
+fn interrupted_rounds(rounds: usize, how: Interrupt) {
+    let seed = seed_or(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64);
     eprintln!("crash test seed {seed} (replay with DENSEFS_SEED={seed})");
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let d = Dirs::new();
@@ -400,65 +405,47 @@ fn sigkill_during_writes_never_loses_fsynced_data_or_returns_garbage() {
             std::thread::spawn(move || writer(root, seed, journal, stop))
         };
         std::thread::sleep(Duration::from_millis(rng.gen_range(30..400)));
-        m.kill();
+        let what = match how {
+            Interrupt::Kill => {
+                m.kill();
+                "killed"
+            }
+            Interrupt::Shutdown => {
+                common::shut_down(&d.mnt, 2).expect("FS_IOC_SHUTDOWN");
+                "shut down"
+            }
+        };
         stop.store(true, Ordering::Relaxed);
         handle.join().unwrap();
         {
             let mut j = journal.lock().unwrap();
             for file in 0..FILES {
-                j.note(file, format!("killed (mounted with {options})"));
+                j.note(file, format!("{what} (mounted with {options})"));
             }
         }
     }
     let m = Mount::new(&d.lower, &d.mnt, "");
     total += check_after_crash(&m, &journal.lock().unwrap(), rounds, false);
     m.unmount();
-    eprintln!("verified {total} records across {rounds} crashes");
+    eprintln!("verified {total} records across {rounds} rounds");
     assert!(total > 0);
 }
 
-/// FS_IOC_SHUTDOWN without a flush (`xfs_io -x -c shutdown`) in the middle of the workload
-/// stops the file system as the kill does: the writer's next request fails (EIO), nothing more
-/// lands, and after a clean unmount and a new mount the same rules hold.
+fn crash_rounds() -> usize {
+    std::env::var("DENSEFS_CRASH_ROUNDS").ok().and_then(|s| s.parse().ok()).unwrap_or(30)
+}
+
+#[test]
+fn sigkill_during_writes_never_loses_fsynced_data_or_returns_garbage() {
+    interrupted_rounds(crash_rounds(), Interrupt::Kill);
+}
+
+/// A shutdown in the middle of the workload stops the file system as the kill does: the
+/// writer's next request fails (EIO), nothing more lands, and after a clean unmount (the mount
+/// dropped at the end of each round) and a new mount the same rules hold.
 #[test]
 fn a_shutdown_during_writes_never_loses_fsynced_data_or_returns_garbage() {
-    let rounds: usize = std::env::var("DENSEFS_CRASH_ROUNDS").ok().and_then(|s| s.parse().ok()).unwrap_or(30) / 3;
-    let seed = seed_or(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64);
-    eprintln!("shutdown test seed {seed} (replay with DENSEFS_SEED={seed})");
-    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-    let d = Dirs::new();
-    let journal = Arc::new(Mutex::new(Journal::default()));
-    let mut total = 0;
-    for round in 0..rounds {
-        let options = ["recordsize=16K,compression=lz4", "recordsize=16K,compression=gzip-1", "compression=zstd-1"][round % 3];
-        let m = Mount::new(&d.lower, &d.mnt, options);
-        journal.lock().unwrap().round = round;
-        if round > 0 {
-            total += check_after_crash(&m, &journal.lock().unwrap(), round, false);
-            journal.lock().unwrap().settle(&m);
-        }
-        let stop = Arc::new(AtomicBool::new(false));
-        let handle = {
-            let (root, journal, stop, seed) = (mount_root(&d.mnt), journal.clone(), stop.clone(), rng.gen());
-            std::thread::spawn(move || writer(root, seed, journal, stop))
-        };
-        std::thread::sleep(Duration::from_millis(rng.gen_range(30..400)));
-        common::shut_down(&d.mnt, 2).expect("FS_IOC_SHUTDOWN");
-        stop.store(true, Ordering::Relaxed);
-        handle.join().unwrap();
-        {
-            let mut j = journal.lock().unwrap();
-            for file in 0..FILES {
-                j.note(file, format!("shut down (mounted with {options})"));
-            }
-        }
-        m.unmount();
-    }
-    let m = Mount::new(&d.lower, &d.mnt, "");
-    total += check_after_crash(&m, &journal.lock().unwrap(), rounds, false);
-    m.unmount();
-    eprintln!("verified {total} records across {rounds} shutdowns");
-    assert!(total > 0);
+    interrupted_rounds(crash_rounds() / 3, Interrupt::Shutdown);
 }
 
 #[test]
