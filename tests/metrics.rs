@@ -7,12 +7,10 @@
 
 mod common;
 
-use common::{compressible, Dirs, Mount, BIN};
-use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use common::{compressible, free_port, http_get, Dirs, Mount, BIN};
+use std::io::Write;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
-use std::time::Duration;
 
 /// Whether the `prometheus` package's programs are here, installing it (Debian) if not.
 fn have_prometheus() -> bool {
@@ -27,39 +25,6 @@ fn have_prometheus() -> bool {
             .status();
     }
     have()
-}
-
-/// A TCP port on loopback nobody listens on now.
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
-/// GET `path` from 127.0.0.1:`port`: (status, body).
-fn http_get(port: u16, path: &str) -> std::io::Result<(u16, String)> {
-    let mut s = TcpStream::connect(("127.0.0.1", port))?;
-    s.set_read_timeout(Some(Duration::from_secs(10)))?;
-    write!(s, "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")?;
-    let mut response = String::new();
-    s.read_to_string(&mut response)?;
-    let status = response.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
-    let body = response.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
-    // tiny_http answers with a length; Prometheus's API may send chunks: strip their sizes.
-    let body = if response.to_ascii_lowercase().contains("transfer-encoding: chunked") { unchunk(&body) } else { body };
-    Ok((status, body))
-}
-
-fn unchunk(body: &str) -> String {
-    let mut out = String::new();
-    let mut rest = body;
-    while let Some((size, after)) = rest.split_once("\r\n") {
-        let Ok(n) = usize::from_str_radix(size.trim(), 16) else { break };
-        if n == 0 || after.len() < n {
-            break;
-        }
-        out.push_str(&after[..n]);
-        rest = after[n..].trim_start_matches("\r\n");
-    }
-    out
 }
 
 fn metrics_text(mnt: &Path) -> String {

@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{compressible, shut_down, wait_up_to, Dirs, Mount};
+use common::{compressible, free_port, http_get, shut_down, wait_up_to, Dirs, Mount};
 use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::os::fd::AsRawFd;
@@ -123,7 +123,14 @@ fn a_shutdown_without_flush_keeps_what_fsync_made_durable_and_no_garbage() {
 #[test]
 fn shutdown_needs_cap_sys_admin_and_other_ioctls_are_not_this_file_systems() {
     let d = Dirs::new();
-    let m = Mount::new(&d.lower, &d.mnt, "");
+    let port = free_port();
+    let m = Mount::new(&d.lower, &d.mnt, &format!("metrics=127.0.0.1:{port}"));
+    let shut_down_gauge = || {
+        let (status, body) = http_get(port, "/metrics").expect("scrape");
+        assert_eq!(status, 200);
+        body.lines().find_map(|l| l.strip_prefix("densefs_shut_down ")).map(str::to_string)
+    };
+    assert_eq!(shut_down_gauge().as_deref(), Some("0"));
     std::fs::write(m.path("a"), b"still here").unwrap();
     // xfs_io as a user without capabilities: refused, and the mount goes on serving.
     let out = Command::new("setpriv")
@@ -149,6 +156,8 @@ fn shutdown_needs_cap_sys_admin_and_other_ioctls_are_not_this_file_systems() {
     let out = Command::new("xfs_io").args(["-x", "-c", "shutdown"]).arg(&d.mnt).output().expect("run xfs_io");
     assert!(out.status.success(), "xfs_io shutdown: {}", String::from_utf8_lossy(&out.stderr));
     wait_up_to("stat to fail after the shutdown", 30, || errno(std::fs::metadata(m.path("a"))) == Some(libc::EIO));
+    // Monitoring sees it: the daemon still serves its metrics.
+    assert_eq!(shut_down_gauge().as_deref(), Some("1"));
     let log = m.log_text();
     m.unmount();
     assert!(!log.contains("Not Implemented"), "{log}");

@@ -83,6 +83,7 @@ fn num(v: &Value) -> f64 {
 /// The engine's snapshot in Prometheus's text format (version 0.0.4).
 pub fn render(s: &Value) -> String {
     let mut out = String::new();
+    let rate_wait_seconds = Value::from(num(&s["background"]["rate_waits_ms"]) / 1e3);
     let backends = s["backends"].as_array().cloned().unwrap_or_default();
     // Per codec, summed over the backends: what was written (compressed), stored, and read.
     let codec_sum = |op: &str, field: &str| -> Vec<(String, f64)> {
@@ -198,6 +199,18 @@ pub fn render(s: &Value) -> String {
             &s["background"]["failed"],
             "counter",
             "Background passes that failed (logged; tried again later).",
+        ),
+        (
+            "densefs_background_rate_wait_seconds_total",
+            &rate_wait_seconds,
+            "counter",
+            "Time background compression's threads waited to keep to background_rate.",
+        ),
+        (
+            "densefs_shut_down",
+            &s["shut_down"],
+            "gauge",
+            "1 once the mount was shut down (FS_IOC_SHUTDOWN): every request fails until it is mounted again.",
         ),
     ] {
         Family::new(&mut out, name, kind, help).sample(name, &[], num(value));

@@ -345,6 +345,7 @@ impl DenseFs {
             v
         });
         value["kernel"] = serde_json::json!({"attr_drops": self.kernel_attr_drops.load(std::sync::atomic::Ordering::Relaxed)});
+        value["shut_down"] = u8::from(super::lower::fence::raised()).into();
         value["requests"] = self
             .request_census()
             .into_iter()

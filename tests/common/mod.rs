@@ -358,3 +358,37 @@ pub fn shut_down(path: &Path, flags: u32) -> std::io::Result<()> {
         Err(std::io::Error::last_os_error())
     }
 }
+
+/// A TCP port on loopback nobody listens on now.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// GET `path` from 127.0.0.1:`port`: (status, body).
+pub fn http_get(port: u16, path: &str) -> std::io::Result<(u16, String)> {
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port))?;
+    use std::io::{Read, Write};
+    s.set_read_timeout(Some(Duration::from_secs(10)))?;
+    write!(s, "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")?;
+    let mut response = String::new();
+    s.read_to_string(&mut response)?;
+    let status = response.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    let body = response.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
+    // tiny_http answers with a length; Prometheus's API may send chunks: strip their sizes.
+    let body = if response.to_ascii_lowercase().contains("transfer-encoding: chunked") { unchunk(&body) } else { body };
+    Ok((status, body))
+}
+
+fn unchunk(body: &str) -> String {
+    let mut out = String::new();
+    let mut rest = body;
+    while let Some((size, after)) = rest.split_once("\r\n") {
+        let Ok(n) = usize::from_str_radix(size.trim(), 16) else { break };
+        if n == 0 || after.len() < n {
+            break;
+        }
+        out.push_str(&after[..n]);
+        rest = after[n..].trim_start_matches("\r\n");
+    }
+    out
+}
