@@ -79,6 +79,17 @@ impl FuseAdapter {
         open_flags
     }
 
+    /// The answer to CREATE and TMPFILE: the new entry, opened with `flags`.
+    fn reply_created(&self, reply: ReplyCreate, op: &str, flags: i32, result: Result<(Attr, u64), FsError>) {
+        match result {
+            Ok((attr, fh)) => {
+                let generation = Generation(self.fs.generation(attr.ino));
+                reply.created(&self.ttl, &fuse_attr(&attr), generation, FileHandle(fh), self.file_open_flags(flags))
+            }
+            Err(e) => reply.error(errno(op, e)),
+        }
+    }
+
     fn tune_read_ahead(&self) {
         if let Some(knob) = self.read_ahead_knob.lock().take() {
             if let Err(e) = std::fs::write(&knob, READ_AHEAD_KB.to_string()) {
@@ -156,14 +167,7 @@ fn creator(req: &Request, umask: u32) -> Caller {
     Caller { umask, ..caller(req) }
 }
 
-/// FS_IOC_SHUTDOWN (`_IOR('X', 125, __u32)`, linux/fs.h; XFS_IOC_GOINGDOWN is the same number).
-const FS_IOC_SHUTDOWN: u32 = 0x8004_587d;
-/// The file attribute ioctls (linux/fs.h) as the kernel forwards them for `lsattr`/`chattr`
-/// (it reads and writes an int for the flags, a `struct fsxattr` for the others).
-const FS_IOC_GETFLAGS: u32 = 0x8008_6601;
-const FS_IOC_SETFLAGS: u32 = 0x4008_6602;
-const FS_IOC_FSGETXATTR: u32 = 0x801c_581f;
-const FS_IOC_FSSETXATTR: u32 = 0x401c_5820;
+use lower::{FSXATTR_SIZE, FS_IOC_FSGETXATTR, FS_IOC_FSSETXATTR, FS_IOC_GETFLAGS, FS_IOC_SETFLAGS, FS_IOC_SHUTDOWN};
 
 /// Logs an error the way its kind deserves and turns it into an errno.
 fn errno(op: &str, e: FsError) -> Errno {
@@ -485,24 +489,12 @@ impl Filesystem for FuseAdapter {
     }
 
     fn create(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, flags: i32, reply: ReplyCreate) {
-        match self.fs.create(parent.0, name, mode, flags, creator(req, umask)) {
-            Ok((attr, fh)) => {
-                let generation = Generation(self.fs.generation(attr.ino));
-                reply.created(&self.ttl, &fuse_attr(&attr), generation, FileHandle(fh), self.file_open_flags(flags))
-            }
-            Err(e) => reply.error(errno("create", e)),
-        }
+        self.reply_created(reply, "create", flags, self.fs.create(parent.0, name, mode, flags, creator(req, umask)))
     }
 
     /// O_TMPFILE (`core/tmpfile.rs`).
     fn tmpfile(&self, req: &Request, parent: INodeNo, mode: u32, umask: u32, flags: i32, reply: ReplyCreate) {
-        match self.fs.tmpfile(parent.0, mode, creator(req, umask)) {
-            Ok((attr, fh)) => {
-                let generation = Generation(self.fs.generation(attr.ino));
-                reply.created(&self.ttl, &fuse_attr(&attr), generation, FileHandle(fh), self.file_open_flags(flags))
-            }
-            Err(e) => reply.error(errno("tmpfile", e)),
-        }
+        self.reply_created(reply, "tmpfile", flags, self.fs.tmpfile(parent.0, mode, creator(req, umask)))
     }
 
     fn fallocate(&self, req: &Request, _ino: INodeNo, fh: FileHandle, offset: u64, length: u64, mode: i32, reply: ReplyEmpty) {
@@ -548,7 +540,7 @@ impl Filesystem for FuseAdapter {
                 Err(e) => reply.error(errno("fsgetxattr", e)),
             },
             FS_IOC_FSSETXATTR => {
-                let Some(fsx) = in_data.get(..crate::core::FSXATTR_SIZE) else { return reply.error(Errno::EINVAL) };
+                let Some(fsx) = in_data.get(..FSXATTR_SIZE) else { return reply.error(Errno::EINVAL) };
                 match self.fs.set_file_xattr_flags(ino.0, fsx) {
                     Ok(()) => reply.ioctl(0, &[]),
                     Err(e) => reply.error(errno("fssetxattr", e)),

@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{compressible, Dirs, Mount};
+use common::{compressible, errno, Dirs, Mount};
 use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::os::fd::AsRawFd;
@@ -31,10 +31,6 @@ fn lsattr(path: &Path) -> String {
 
 fn has(flags: &str, letter: char) -> bool {
     flags.contains(letter)
-}
-
-fn errno<T>(r: std::io::Result<T>) -> Option<i32> {
-    r.err().map(|e| e.raw_os_error().unwrap_or(-1))
 }
 
 fn set_xattr(path: &Path, name: &str, value: &[u8], remove: bool) -> std::io::Result<()> {

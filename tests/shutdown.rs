@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{compressible, free_port, http_get, shut_down, wait_up_to, Dirs, Mount};
+use common::{compressible, errno, free_port, http_get, shut_down, wait_up_to, Dirs, Mount};
 use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::os::fd::AsRawFd;
@@ -18,10 +18,6 @@ use std::process::Command;
 const GOING_DEFAULT: u32 = 0;
 const GOING_LOGFLUSH: u32 = 1;
 const GOING_NOLOGFLUSH: u32 = 2;
-
-fn errno<T>(r: std::io::Result<T>) -> Option<i32> {
-    r.err().and_then(|e| e.raw_os_error())
-}
 
 /// Every kind of request on a shut-down mount, and what it answered (None: it worked).
 fn answers_after_shutdown(m: &Mount, open: &File) -> Vec<(&'static str, Option<i32>)> {

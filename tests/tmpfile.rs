@@ -5,26 +5,14 @@
 
 mod common;
 
-use common::{compressible, Dirs, Mount};
+use common::{compressible, link_at, Dirs, Mount};
 use std::fs::{File, OpenOptions};
-use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
 use std::path::Path;
 
 fn tmpfile(dir: &Path, excl: bool) -> std::io::Result<File> {
     let flags = libc::O_TMPFILE | if excl { libc::O_EXCL } else { 0 };
     OpenOptions::new().read(true).write(true).mode(0o640).custom_flags(flags).open(dir)
-}
-
-/// linkat(fd, "", AT_FDCWD, to, AT_EMPTY_PATH), as systemd and rpm name their files.
-fn link_at(file: &File, to: &Path) -> std::io::Result<()> {
-    let to = std::ffi::CString::new(to.as_os_str().as_encoded_bytes()).unwrap();
-    // SAFETY: NUL-terminated strings that outlive the call; `file` owns its descriptor.
-    if unsafe { libc::linkat(file.as_raw_fd(), c"".as_ptr(), libc::AT_FDCWD, to.as_ptr(), libc::AT_EMPTY_PATH) } == 0 {
-        Ok(())
-    } else {
-        Err(std::io::Error::last_os_error())
-    }
 }
 
 fn names(dir: &Path) -> Vec<String> {

@@ -60,18 +60,6 @@ fn assert_totals_match(mut c: Value, mut w: Value, when: &str) {
 /// truncates, hard links, renames within and across directories and over other files, deletes
 /// (some while open), directories made and removed, a recompress that moves a file, and a
 /// plain lower file written in place.
-/// linkat(fd, "", AT_FDCWD, to, AT_EMPTY_PATH): names an O_TMPFILE file.
-fn link_at(file: &std::fs::File, to: &Path) -> std::io::Result<()> {
-    use std::os::fd::AsRawFd;
-    let to = std::ffi::CString::new(to.as_os_str().as_encoded_bytes()).unwrap();
-    // SAFETY: NUL-terminated strings that outlive the call; `file` owns its descriptor.
-    if unsafe { libc::linkat(file.as_raw_fd(), c"".as_ptr(), libc::AT_FDCWD, to.as_ptr(), libc::AT_EMPTY_PATH) } == 0 {
-        Ok(())
-    } else {
-        Err(std::io::Error::last_os_error())
-    }
-}
-
 fn random_workload(mnt: &Path, seed: u64, ops: usize) {
     let mut done = [0usize; 100];
     let mut rng = StdRng::seed_from_u64(seed);

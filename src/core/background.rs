@@ -375,7 +375,9 @@ impl DenseFs {
             if lower::stat_fd(node.raw_fd()).is_ok_and(|st| st.st_size == 0) {
                 return Retry::Gone;
             }
+            let directory_compression = || self.settings_in(self.inodes.parent_of(inode.nodeid).unwrap_or(super::ROOT)).compression;
             match self.load_content(&node, true, None) {
+                Ok(Content::Container(c)) if asked_for_none(&c, directory_compression()) => return Retry::Gone,
                 Ok(Content::Container(c)) => {
                     open.content = Some(Content::Container(c.clone()));
                     open.background = true;
@@ -388,15 +390,6 @@ impl DenseFs {
                 }
             }
         };
-        let parent = self.inodes.parent_of(inode.nodeid).unwrap_or(super::ROOT);
-        if asked_for_none(&c, self.settings_in(parent).compression) {
-            let mut open = node.open.lock();
-            open.background = false;
-            if open.handles == 0 && open.content.as_ref().is_some_and(|k| matches!(k, Content::Container(k) if Arc::ptr_eq(k, &c))) {
-                open.content = None;
-            }
-            return Retry::Gone;
-        }
         let before = stored_bytes(&c);
         // Whether the mount is writable, asked again at most every 200 ms.
         let writable = Mutex::new((Instant::now(), true));

@@ -710,10 +710,18 @@ fn container_serves(mode: i32) -> bool {
     }
 }
 
+fn codec_wish_name() -> std::ffi::CString {
+    std::ffi::CString::new(crate::format::CODEC_WISH_XATTR).expect("no NUL in the name")
+}
+
 /// The codec `chattr +c`/`+m` asked of the empty lower file `file` (`fileattr.rs`), if any.
 pub(super) fn codec_wish(file: &File) -> Option<crate::codec::Setting> {
-    let name = std::ffi::CString::new(crate::format::CODEC_WISH_XATTR).expect("no NUL in the name");
     let mut buf = [0u8; 32];
-    let n = lower::getxattr_on(lower::XattrOn::Fd(std::os::fd::AsFd::as_fd(file)), &name, &mut buf).ok()?;
+    let n = lower::getxattr_on(lower::XattrOn::Fd(std::os::fd::AsFd::as_fd(file)), &codec_wish_name(), &mut buf).ok()?;
     crate::codec::Setting::parse(std::str::from_utf8(&buf[..n]).ok()?).ok()
+}
+
+/// Keeps `setting` as the codec of the empty lower file `file`'s first write (`codec_wish`).
+pub(super) fn set_codec_wish(file: &File, setting: crate::codec::Setting) -> FsResult<()> {
+    Ok(lower::fsetxattr(file, &codec_wish_name(), setting.to_string().as_bytes(), 0)?)
 }

@@ -7,8 +7,8 @@
 //!   (`+c`: the mount's codec, or lz4 where that is `off`; `+m`: `off`; clearing both: inherit),
 //!   on a container the codec its records get from now on (existing records keep theirs until
 //!   rewritten: a write, `densefs recompress`, the background pass, which leaves `m` files
-//!   alone); `+c` on a plain file (one that was there before the mount) compresses it now, as
-//!   `densefs recompress` does.
+//!   alone), an empty file's first write included; a plain file (one that was there before the
+//!   mount) shows `m` and refuses `+c` (EOPNOTSUPP: `densefs recompress` compresses it).
 //! - `i` (immutable) and `a` (append only) on a regular file are kept and enforced by densefs
 //!   (`Protected`), since the daemon itself must go on writing the file's container (landing
 //!   records, freeing old copies) where the lower would refuse it: ext4's `a` allows no pwrite
@@ -20,7 +20,7 @@
 
 use super::error::{FsError, FsResult};
 use super::inodes::{Content, Inode, Node};
-use super::lower::{self, cstr};
+use super::lower::{self, cstr, FSXATTR_SIZE};
 use super::DenseFs;
 use crate::codec::{Compression, Setting};
 use parking_lot::Mutex;
@@ -46,9 +46,6 @@ const COMPRESSION_FLAGS: u32 = FS_COMPR_FL | FS_NOCOMP_FL;
 /// Where the protected inodes are kept, in the lower root (a reserved name: never listed).
 const TABLE_NAME: &str = ".densefs.attributes";
 const TABLE_HEADER: &str = "densefs attributes 1";
-
-/// `struct fsxattr` (linux/fs.h), 28 bytes.
-pub const FSXATTR_SIZE: usize = 28;
 
 /// What a request is about to do to a regular file, for the protection flags.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -198,21 +195,50 @@ fn compression_flag(setting: Setting) -> u32 {
     }
 }
 
+/// `i` and `a` as FS_*_FL flags and as fsx_xflags bits.
+const XFLAG_OF: [(u32, u32); 2] = [(FS_IMMUTABLE_FL, FS_XFLAG_IMMUTABLE), (FS_APPEND_FL, FS_XFLAG_APPEND)];
+
+/// `xflags` with its `i` and `a` bits those of the FS_*_FL `flags`.
+fn with_protection(xflags: u32, flags: u32) -> u32 {
+    XFLAG_OF.iter().fold(xflags, |x, &(fl, xf)| if flags & fl != 0 { x | xf } else { x & !xf })
+}
+
+/// The FS_*_FL `i` and `a` of fsx_xflags `xflags`.
+fn protection_of(xflags: u32) -> u32 {
+    XFLAG_OF.iter().filter(|&&(_, xf)| xflags & xf != 0).fold(0, |f, &(fl, _)| f | fl)
+}
+
+/// fsx_xflags, the first field of a `struct fsxattr`.
+fn xflags(fsx: &[u8; FSXATTR_SIZE]) -> u32 {
+    u32::from_ne_bytes(fsx[0..4].try_into().expect("4 bytes"))
+}
+
+fn set_xflags(fsx: &mut [u8; FSXATTR_SIZE], xflags: u32) {
+    fsx[0..4].copy_from_slice(&xflags.to_ne_bytes());
+}
+
 impl DenseFs {
     /// FS_IOC_GETFLAGS.
     pub fn file_flags(&self, nodeid: u64) -> FsResult<u32> {
         let node = self.inode(nodeid)?;
-        let lower_flags = self.lower_flags(&node)?;
+        let lower_flags = lower::get_flags(&self.reopen_for_flags(&node)?)?;
+        self.shown_flags(&node, lower_flags)
+    }
+
+    /// The flags `lsattr` sees of `node`, whose lower inode has `lower_flags`.
+    fn shown_flags(&self, node: &Node, lower_flags: u32) -> FsResult<u32> {
         Ok(match node.kind {
-            libc::S_IFDIR => (lower_flags & !COMPRESSION_FLAGS) | compression_flag(self.effective(&node)?.values.compression),
-            _ => (lower_flags & !COMPRESSION_FLAGS) | self.protected.flags(&node) | self.file_compression_flag(&node)?,
+            libc::S_IFDIR => (lower_flags & !COMPRESSION_FLAGS) | compression_flag(self.effective(node)?.values.compression),
+            _ => (lower_flags & !COMPRESSION_FLAGS) | self.protected.flags(node) | self.file_compression_flag(node)?,
         })
     }
 
     /// FS_IOC_SETFLAGS (the kernel checked ownership, and CAP_LINUX_IMMUTABLE for `i`/`a`).
     pub fn set_file_flags(&self, nodeid: u64, flags: u32) -> FsResult<()> {
         let node = self.inode(nodeid)?;
-        let before = self.file_flags(nodeid)?;
+        let file = self.reopen_for_flags(&node)?;
+        let lower_before = lower::get_flags(&file)?;
+        let before = self.shown_flags(&node, lower_before)?;
         // chattr sets what it read plus or minus the flags asked for: `+m` on a file showing
         // `c` sends both, and the one added wins.
         let compression = match flags & !before & COMPRESSION_FLAGS {
@@ -220,15 +246,13 @@ impl DenseFs {
             0 => flags & before & COMPRESSION_FLAGS,
             added => added,
         };
-        let lower_before = self.lower_flags(&node)?;
         let kept_here = if node.kind == libc::S_IFDIR { COMPRESSION_FLAGS } else { COMPRESSION_FLAGS | PROTECTION };
         let lower_after = (flags & !kept_here) | (lower_before & kept_here & !COMPRESSION_FLAGS);
         if lower_after != lower_before {
-            let file = self.reopen_for_flags(&node)?;
             lower::set_flags(&file, lower_after)?;
         }
         if node.kind != libc::S_IFDIR && (flags ^ before) & PROTECTION != 0 {
-            self.protected.set(self.inodes.root_fd(), &node, flags)?;
+            self.protected.set(self.inode(super::ROOT)?.raw_fd(), &node, flags)?;
         }
         if compression != before & COMPRESSION_FLAGS {
             self.set_compression_flags(&node, compression)?;
@@ -242,16 +266,8 @@ impl DenseFs {
         let node = self.inode(nodeid)?;
         let mut fsx = lower::get_fsxattr(&self.reopen_for_flags(&node)?)?;
         if node.kind != libc::S_IFDIR {
-            let ours = self.protected.flags(&node);
-            let mut xflags = u32::from_ne_bytes(fsx[0..4].try_into().expect("4 bytes"));
-            xflags &= !(FS_XFLAG_IMMUTABLE | FS_XFLAG_APPEND);
-            if ours & FS_IMMUTABLE_FL != 0 {
-                xflags |= FS_XFLAG_IMMUTABLE;
-            }
-            if ours & FS_APPEND_FL != 0 {
-                xflags |= FS_XFLAG_APPEND;
-            }
-            fsx[0..4].copy_from_slice(&xflags.to_ne_bytes());
+            let shown = with_protection(xflags(&fsx), self.protected.flags(&node));
+            set_xflags(&mut fsx, shown);
         }
         Ok(fsx)
     }
@@ -263,20 +279,14 @@ impl DenseFs {
         let node = self.inode(nodeid)?;
         let file = self.reopen_for_flags(&node)?;
         if node.kind != libc::S_IFDIR {
-            let mut xflags = u32::from_ne_bytes(fsx[0..4].try_into().expect("4 bytes"));
-            let mut ours = 0;
-            if xflags & FS_XFLAG_IMMUTABLE != 0 {
-                ours |= FS_IMMUTABLE_FL;
-            }
-            if xflags & FS_XFLAG_APPEND != 0 {
-                ours |= FS_APPEND_FL;
-            }
-            let lower_now = u32::from_ne_bytes(lower::get_fsxattr(&file)?[0..4].try_into().expect("4 bytes"));
-            xflags = (xflags & !(FS_XFLAG_IMMUTABLE | FS_XFLAG_APPEND)) | (lower_now & (FS_XFLAG_IMMUTABLE | FS_XFLAG_APPEND));
-            fsx[0..4].copy_from_slice(&xflags.to_ne_bytes());
+            let ours = protection_of(xflags(&fsx));
+            // The lower inode keeps its own `i` and `a` (none, unless set before the mount).
+            let lower_now = protection_of(xflags(&lower::get_fsxattr(&file)?));
+            let to_lower = with_protection(xflags(&fsx), lower_now);
+            set_xflags(&mut fsx, to_lower);
             lower::set_fsxattr(&file, &fsx)?;
             if ours != self.protected.flags(&node) {
-                self.protected.set(self.inodes.root_fd(), &node, ours)?;
+                self.protected.set(self.inode(super::ROOT)?.raw_fd(), &node, ours)?;
             }
         } else {
             lower::set_fsxattr(&file, &fsx)?;
@@ -292,12 +302,6 @@ impl DenseFs {
             return Ok(());
         }
         self.protected.check(inode, change)
-    }
-
-    /// The lower inode's flags (none for what has none to give: symlinks, devices).
-    fn lower_flags(&self, node: &Node) -> FsResult<u32> {
-        let file = self.reopen_for_flags(node)?;
-        Ok(lower::get_flags(&file)?)
     }
 
     /// The lower inode opened for the flag ioctls (ENOTTY for what has no flags here).
@@ -354,12 +358,5 @@ impl DenseFs {
             _ => here,
         };
         self.set_file_codec(node, setting)
-    }
-}
-
-impl super::inodes::InodeTable {
-    /// The lower root's descriptor (O_PATH), for what the daemon keeps there.
-    pub fn root_fd(&self) -> RawFd {
-        self.node(super::ROOT).map(|n| n.raw_fd()).unwrap_or(-1)
     }
 }

@@ -13,7 +13,7 @@ mod changed;
 pub mod container;
 pub mod data;
 pub mod error;
-pub mod fileattr;
+mod fileattr;
 mod hints;
 mod inodes;
 mod landing;
@@ -42,7 +42,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-pub use fileattr::FSXATTR_SIZE;
 pub use inodes::ROOT;
 pub use report::{Effective, ReportKind, Source};
 pub use shutdown::Shutdown;

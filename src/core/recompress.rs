@@ -190,9 +190,7 @@ impl DenseFs {
             // file for its first write (`load_content_of`).
             let file = lower::reopen(node.raw_fd(), libc::O_RDONLY | libc::O_NONBLOCK)?;
             if file.metadata()?.len() == 0 {
-                let name = std::ffi::CString::new(crate::format::CODEC_WISH_XATTR).expect("no NUL in the name");
-                lower::fsetxattr(&file, &name, setting.to_string().as_bytes(), 0)?;
-                return Ok(());
+                return super::data::set_codec_wish(&file, setting);
             }
         }
         let content = match &open.content {

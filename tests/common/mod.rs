@@ -392,3 +392,21 @@ fn unchunk(body: &str) -> String {
     }
     out
 }
+
+/// linkat(fd, "", AT_FDCWD, to, AT_EMPTY_PATH): names an O_TMPFILE file, as systemd and rpm
+/// name theirs.
+pub fn link_at(file: &std::fs::File, to: &Path) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let to = std::ffi::CString::new(to.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: NUL-terminated strings that outlive the call; `file` owns its descriptor.
+    if unsafe { libc::linkat(file.as_raw_fd(), c"".as_ptr(), libc::AT_FDCWD, to.as_ptr(), libc::AT_EMPTY_PATH) } == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+/// What a call answered: None where it worked, else its errno.
+pub fn errno<T>(r: std::io::Result<T>) -> Option<i32> {
+    r.err().map(|e| e.raw_os_error().unwrap_or(-1))
+}

@@ -54,17 +54,22 @@ pub fn futimens(file: &File, times: &[libc::timespec; 2]) -> io::Result<()> {
     Ok(())
 }
 
-/// FS_IOC_GETFLAGS / FS_IOC_SETFLAGS / FS_IOC_FSGETXATTR / FS_IOC_FSSETXATTR (linux/fs.h).
-const FS_IOC_GETFLAGS: libc::c_ulong = 0x8008_6601;
-const FS_IOC_SETFLAGS: libc::c_ulong = 0x4008_6602;
-const FS_IOC_FSGETXATTR: libc::c_ulong = 0x801c_581f;
-const FS_IOC_FSSETXATTR: libc::c_ulong = 0x401c_5820;
+/// The file attribute ioctls (linux/fs.h), as `lsattr`/`chattr` send them and the kernel
+/// forwards them to a FUSE daemon: an int of flags, or a `struct fsxattr`.
+pub const FS_IOC_GETFLAGS: u32 = 0x8008_6601;
+pub const FS_IOC_SETFLAGS: u32 = 0x4008_6602;
+pub const FS_IOC_FSGETXATTR: u32 = 0x801c_581f;
+pub const FS_IOC_FSSETXATTR: u32 = 0x401c_5820;
+/// `struct fsxattr`: xflags, extsize, nextents, projid, cowextsize, 8 bytes of padding.
+pub const FSXATTR_SIZE: usize = 28;
+/// FS_IOC_SHUTDOWN (`_IOR('X', 125, __u32)`; XFS_IOC_GOINGDOWN is the same number).
+pub const FS_IOC_SHUTDOWN: u32 = 0x8004_587d;
 
 /// The inode flags of an open file (`lsattr`; the kernel reads and writes an int).
 pub fn get_flags(file: &File) -> io::Result<u32> {
     let mut flags: libc::c_int = 0;
     // SAFETY: the kernel writes one int into `flags`, which outlives the call.
-    check(unsafe { libc::ioctl(file.as_raw_fd(), FS_IOC_GETFLAGS, &mut flags as *mut libc::c_int) })?;
+    check(unsafe { libc::ioctl(file.as_raw_fd(), FS_IOC_GETFLAGS as libc::c_ulong, &mut flags as *mut libc::c_int) })?;
     Ok(flags as u32)
 }
 
@@ -73,23 +78,23 @@ pub fn set_flags(file: &File, flags: u32) -> io::Result<()> {
     super::fence::check()?;
     let flags = flags as libc::c_int;
     // SAFETY: the kernel reads one int from `flags`, which outlives the call.
-    check(unsafe { libc::ioctl(file.as_raw_fd(), FS_IOC_SETFLAGS, &flags as *const libc::c_int) })?;
+    check(unsafe { libc::ioctl(file.as_raw_fd(), FS_IOC_SETFLAGS as libc::c_ulong, &flags as *const libc::c_int) })?;
     Ok(())
 }
 
-/// An open file's `struct fsxattr` (28 bytes: xflags, extsize, nextents, projid, cowextsize).
-pub fn get_fsxattr(file: &File) -> io::Result<[u8; 28]> {
-    let mut fsx = [0u8; 28];
+/// An open file's `struct fsxattr`.
+pub fn get_fsxattr(file: &File) -> io::Result<[u8; FSXATTR_SIZE]> {
+    let mut fsx = [0u8; FSXATTR_SIZE];
     // SAFETY: the kernel writes one struct fsxattr (28 bytes) into `fsx`.
-    check(unsafe { libc::ioctl(file.as_raw_fd(), FS_IOC_FSGETXATTR, fsx.as_mut_ptr()) })?;
+    check(unsafe { libc::ioctl(file.as_raw_fd(), FS_IOC_FSGETXATTR as libc::c_ulong, fsx.as_mut_ptr()) })?;
     Ok(fsx)
 }
 
 /// Sets an open file's `struct fsxattr`.
-pub fn set_fsxattr(file: &File, fsx: &[u8; 28]) -> io::Result<()> {
+pub fn set_fsxattr(file: &File, fsx: &[u8; FSXATTR_SIZE]) -> io::Result<()> {
     super::fence::check()?;
     // SAFETY: the kernel reads one struct fsxattr (28 bytes) from `fsx`.
-    check(unsafe { libc::ioctl(file.as_raw_fd(), FS_IOC_FSSETXATTR, fsx.as_ptr()) })?;
+    check(unsafe { libc::ioctl(file.as_raw_fd(), FS_IOC_FSSETXATTR as libc::c_ulong, fsx.as_ptr()) })?;
     Ok(())
 }
 
