@@ -458,9 +458,7 @@ impl DenseFs {
         if open.content.as_ref().is_some_and(|c| c.nameless(inode)) {
             // Unlinked while open: nobody can read it again, so nothing is written back and
             // its space comes back when its descriptor is closed, at the kernel's FORGET.
-            if let Some(content) = open.content.take() {
-                self.let_go_of_nameless(inode, content);
-            }
+            open.content = None;
             return;
         }
         let Some(content) = open.content.take() else { return };

@@ -5,9 +5,7 @@
 //! after a crash, by the lower's own recovery (ext4's orphan list); `link` names it as it
 //! names any inode, through /proc/self/fd.
 
-use super::inodes::Content;
 use super::lower;
-use super::usage::Usage;
 use super::{Attr, Caller, DenseFs, FsResult};
 use std::ffi::OsStr;
 use std::os::fd::AsRawFd;
@@ -54,13 +52,5 @@ impl DenseFs {
             }
         };
         Ok((self.attr_with(&inode, &stat, before)?, fh))
-    }
-
-    /// The last close of a file without a name (deleted while open, or an O_TMPFILE never
-    /// linked): nothing is written back, and what it held leaves the statistics (where its
-    /// unlink did not already take it).
-    pub(super) fn let_go_of_nameless(&self, inode: &super::inodes::Inode, content: Content) {
-        self.usage.remove_file(inode.lower_id(), Usage::default);
-        drop(content);
     }
 }

@@ -46,6 +46,17 @@ impl Usage {
         inspect(file, false).map(|s| Usage::of_file(&s)).unwrap_or_default()
     }
 
+    /// As `measure`, for a file a container tracks: one without a name (an O_TMPFILE not linked
+    /// yet, open or on its way to its last close) counts nothing, as no walk finds it; linked,
+    /// it counts from its next measure on.
+    fn measure_named(file: &File) -> Usage {
+        use std::os::unix::fs::MetadataExt;
+        if file.metadata().is_ok_and(|m| m.nlink() == 0) {
+            return Usage::default();
+        }
+        Usage::measure(file)
+    }
+
     /// As `measure`, on a descriptor it closes after.
     pub fn measure_owned(file: File) -> Usage {
         inspect_owned(file, false).map(|s| Usage::of_file(&s)).unwrap_or_default()
@@ -174,7 +185,7 @@ impl Accounting {
         for t in tracked {
             let mut st = t.state.lock();
             if !st.gone {
-                let now = Usage::measure(&t.file);
+                let now = Usage::measure_named(&t.file);
                 self.apply(&now, &st.counted);
                 st.counted = now;
             }
@@ -266,7 +277,7 @@ impl Accounting {
         }
         drop(map);
         if !st.gone {
-            let now = Usage::measure(&tracked.file);
+            let now = Usage::measure_named(&tracked.file);
             self.apply(&now, &st.counted);
             st.counted = now;
         }
