@@ -39,6 +39,9 @@ fn totals(r: &Value) -> Value {
 /// ext4 adds the extent blocks of a fragmented file (one with holes) to its block count when it
 /// writes the file back, after densefs counted it (at most a block per file here).
 fn assert_counters_agree(mnt: &Path, when: &str) -> Value {
+    // A last close's RELEASE reaches the daemon after close(2) returned, and may land, sync or
+    // free old copies: the two reports must see the same tree.
+    wait_up_to("every file closed", WAIT, || engine_snapshot(mnt)["inodes"]["open_files"] == 0);
     let counted = report(mnt, "report");
     assert_eq!(counted["stats_from"], "counters", "{when}: {counted}");
     let walked = report(mnt, "scrub");

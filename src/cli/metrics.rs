@@ -167,6 +167,7 @@ pub fn render(s: &Value) -> String {
         ("densefs_memory_limit_bytes", &s["memory"]["limit"], "gauge", "The mount's cache_size."),
         ("densefs_inodes", &s["inodes"]["known"], "gauge", "Inodes the daemon knows (the kernel holds them)."),
         ("densefs_descriptors", &s["inodes"]["descriptors"], "gauge", "Lower descriptors the daemon holds open."),
+        ("densefs_open_files", &s["inodes"]["open_files"], "gauge", "Files open through the mount (handles whose RELEASE is not done)."),
         ("densefs_process_cpu_seconds_total", &s["process_cpu_s"], "counter", "CPU time of the daemon, all threads."),
         ("densefs_background_waiting_files", &s["background"]["waiting_files"], "gauge", "Files waiting for background compression."),
         (

@@ -442,7 +442,9 @@ impl DenseFs {
     /// Last reference to a handle. When the file's last handle goes, its content is flushed and,
     /// if records were rewritten, synced so their old copies can be freed.
     pub fn release(&self, fh: u64) {
+        self.releasing.fetch_add(1, Ordering::SeqCst);
         self.release_handle(fh);
+        self.releasing.fetch_sub(1, Ordering::SeqCst);
         // The kernel may have forgotten the inode while this held its lock.
         self.inodes.retry_deferred_forgets();
     }

@@ -171,6 +171,9 @@ pub struct DenseFs {
     inodes: InodeTable,
     atime: atime::AtimeKeeper,
     handles: Mutex<HashMap<u64, Arc<Handle>>>,
+    /// Handles whose RELEASE is being handled (out of `handles`, their last landing and
+    /// measure still to come): counted as open until done (`open_handles`).
+    releasing: AtomicU64,
     next_handle: AtomicU64,
     /// The daemon's effective (uid, gid): what the lower gives the entries it creates.
     daemon_ids: (u32, u32),
@@ -277,6 +280,7 @@ impl DenseFs {
             atime: atime::AtimeKeeper::new(options.atime, std::os::fd::AsRawFd::as_raw_fd(&fd), st.st_dev),
             inodes: InodeTable::new(fd, st.st_dev, st.st_ino, fd_budget()),
             handles: Mutex::new(HashMap::new()),
+            releasing: AtomicU64::new(0),
             next_handle: AtomicU64::new(1),
             written_back: AtomicU64::new(0),
             drop_kernel_cache: std::sync::OnceLock::new(),
@@ -307,6 +311,12 @@ impl DenseFs {
         let fh = self.next_handle.fetch_add(1, Ordering::Relaxed);
         self.handles.lock().insert(fh, Arc::new(handle));
         fh
+    }
+
+    /// Files open now, counting those whose RELEASE is still being handled: the kernel sends
+    /// a last close's RELEASE after close(2) returns, so a tree is at rest only once this is 0.
+    pub fn open_handles(&self) -> u64 {
+        self.releasing.load(Ordering::SeqCst) + self.handles.lock().len() as u64
     }
 
     fn handle(&self, fh: u64) -> FsResult<Arc<Handle>> {

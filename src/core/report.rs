@@ -333,7 +333,7 @@ impl DenseFs {
         let (used, limit) = self.memory_use();
         value["memory"] = serde_json::json!({"used": used, "limit": limit});
         let (known, open_fds) = self.inodes.census();
-        value["inodes"] = serde_json::json!({"known": known, "descriptors": open_fds});
+        value["inodes"] = serde_json::json!({"known": known, "descriptors": open_fds, "open_files": self.open_handles()});
         // Times the kernel was told to drop a file's attributes after the daemon's own writes.
         value["background"] = self.background_snapshot();
         // The mount's statistics as its counters stand (files still being written count as
