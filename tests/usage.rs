@@ -1,7 +1,9 @@
-//! The mount's statistics as counters (issue 47, `core/usage.rs`): `densefs get` on the mount
+//! The mount's statistics as counters (issue 47, `core/usage/`): `densefs get` on the mount
 //! root answers from counters kept as files change, saved at a clean unmount and rebuilt by a
-//! walk after a crash; after any workload they equal what a walk of the lower files finds
-//! (`densefs scrub` walks every time).
+//! walk after a crash; a dataset (a directory with its own properties) has counters of its
+//! subtree once walked, which follow changes or, where they cannot, give way to a walk again.
+//! After any workload they equal what a walk of the lower files finds (`densefs scrub` walks
+//! every time).
 
 mod common;
 
@@ -18,7 +20,7 @@ use std::process::Command;
 /// Seconds to wait for the mount's own walk: its thread is the kernel's last choice for a CPU.
 const WAIT: u64 = 300;
 
-/// A report on the mount root (`user.densefs.report` or `.scrub`), read in one call.
+/// A report on a directory (`user.densefs.report` or `.scrub`), read in one call.
 fn report(mnt: &Path, kind: &str) -> Value {
     use std::os::unix::ffi::OsStrExt;
     let path = std::ffi::CString::new(mnt.as_os_str().as_bytes()).unwrap();
@@ -39,15 +41,34 @@ fn totals(r: &Value) -> Value {
 /// ext4 adds the extent blocks of a fragmented file (one with holes) to its block count when it
 /// writes the file back, after densefs counted it (at most a block per file here).
 fn assert_counters_agree(mnt: &Path, when: &str) -> Value {
-    // A last close's RELEASE reaches the daemon after close(2) returned, and may land, sync or
-    // free old copies: the two reports must see the same tree.
-    wait_up_to("every file closed", WAIT, || engine_snapshot(mnt)["inodes"]["open_files"] == 0);
+    wait_until_closed(mnt);
     let counted = report(mnt, "report");
     assert_eq!(counted["stats_from"], "counters", "{when}: {counted}");
     let walked = report(mnt, "scrub");
     assert_eq!(walked["stats_from"], "walk");
     assert_totals_match(totals(&counted), totals(&walked), when);
+    for dataset in DATASETS.iter().map(|d| mnt.join(d)).filter(|d| d.is_dir()) {
+        assert_dataset_agrees(&dataset, &format!("{when}, {}", dataset.display()));
+    }
     totals(&walked)
+}
+
+/// A last close's RELEASE reaches the daemon after close(2) returned, and may land, sync or
+/// free old copies: reports compared must see the same tree.
+fn wait_until_closed(mnt: &Path) {
+    wait_up_to("every file closed", WAIT, || engine_snapshot(mnt)["inodes"]["open_files"] == 0);
+}
+
+/// The datasets the random workload changes (`a/deep` moves to `b/deep` and back).
+const DATASETS: [&str; 4] = ["a", "b", "a/deep", "b/deep"];
+
+/// A dataset's report, from its counters or (where it has none now) a walk, equals a walk's.
+/// Says where it came from.
+fn assert_dataset_agrees(dir: &Path, when: &str) -> String {
+    let counted = report(dir, "report");
+    let walked = report(dir, "scrub");
+    assert_totals_match(totals(&counted), totals(&walked), when);
+    counted["stats_from"].as_str().unwrap().to_string()
 }
 
 /// Equal totals, `used` within a block per file (`assert_counters_agree`).
@@ -164,8 +185,10 @@ fn counters_agree_with_a_walk_after_a_workload_a_clean_remount_and_a_kill() {
     for dir in ["a", "b", "a/deep"] {
         fs::create_dir(m.path(dir)).unwrap();
     }
-    let out = Command::new(BIN).args(["set", "compression=off"]).arg(m.path("b")).output().unwrap();
-    assert!(out.status.success());
+    // Three datasets, one inside another.
+    set(&m.path("b"), "compression=off");
+    set(&m.path("a"), "compression=gzip-1");
+    set(&m.path("a/deep"), "recordsize=32K");
     // No clean run counted this tree: the mount counts it by a walk of its own.
     wait_up_to("the counters built", WAIT, || !engine_snapshot(&d.mnt)["usage"].is_null());
 
@@ -180,6 +203,10 @@ fn counters_agree_with_a_walk_after_a_workload_a_clean_remount_and_a_kill() {
     let counted = report(&d.mnt, "report");
     assert_eq!(counted["stats_from"], "counters", "after a clean remount: {counted}");
     assert_totals_match(totals(&counted), before, "saved and read back");
+    // The datasets' too (each was walked, and so counted, before the unmount).
+    for dataset in ["a", "b"] {
+        assert_eq!(assert_dataset_agrees(&m.path(dataset), "after a clean remount"), "counters", "{dataset}");
+    }
 
     random_workload(&d.mnt, 2, 300);
     assert_counters_agree(&d.mnt, "after a second workload");
@@ -201,6 +228,106 @@ fn counters_agree_with_a_walk_after_a_workload_a_clean_remount_and_a_kill() {
     assert_counters_agree(&d.mnt, "after a kill");
     random_workload(&d.mnt, 4, 200);
     assert_counters_agree(&d.mnt, "after a kill, a walk and a workload");
+    m.unmount();
+}
+
+fn set(dir: &Path, assignment: &str) {
+    let out = Command::new(BIN).arg("set").arg(assignment).arg(dir).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// Each dataset's report comes from its counters (`from` says which may walk) and equals a
+/// walk's.
+fn assert_datasets(mnt: &Path, datasets: &[&str], walking: &[&str], when: &str) {
+    wait_until_closed(mnt);
+    for d in datasets {
+        let from = assert_dataset_agrees(&mnt.join(d), &format!("{when}: {d}"));
+        let expected = if walking.contains(d) { "walk" } else { "counters" };
+        assert_eq!(from, expected, "{when}: {d}");
+    }
+}
+
+#[test]
+fn dataset_counters_follow_files_moving_between_datasets_and_give_way_where_they_cannot() {
+    let d = Dirs::new();
+    let m = Mount::new(&d.lower, &d.mnt, "compression=zstd-3");
+    for dir in ["x", "x/sub", "y", "x/plain", "x/plain/inner"] {
+        fs::create_dir(m.path(dir)).unwrap();
+    }
+    set(&m.path("x"), "compression=gzip-1");
+    set(&m.path("x/sub"), "recordsize=32K");
+    set(&m.path("y"), "compression=lz4");
+    set(&m.path("x/plain/inner"), "compression=off");
+    for (i, f) in ["x/a", "x/b", "x/sub/c", "x/sub/d", "y/e", "x/plain/f", "x/plain/inner/g"].iter().enumerate() {
+        fs::write(m.path(f), compressible(50_000 + 70_000 * i, i as u64)).unwrap();
+    }
+    let all = ["x", "x/sub", "y", "x/plain/inner"];
+    // Each dataset's first report walks; from then on its counters answer.
+    assert_datasets(&d.mnt, &all, &all, "first reports");
+    assert_datasets(&d.mnt, &all, &[], "second reports");
+
+    // Changes the counters follow: writes, appends, truncates, files moving between datasets
+    // (open or not, over another file or not), deletes, directories made and removed, an
+    // O_TMPFILE named in another dataset, a plain lower file written in place.
+    fs::write(m.path("x/sub/new"), compressible(300_000, 9)).unwrap();
+    OpenOptions::new().append(true).open(m.path("x/a")).unwrap().write_all(&compressible(100_000, 10)).unwrap();
+    OpenOptions::new().write(true).open(m.path("x/b")).unwrap().set_len(10_000).unwrap();
+    fs::rename(m.path("x/sub/c"), m.path("y/c")).unwrap();
+    fs::rename(m.path("y/e"), m.path("x/sub/e")).unwrap();
+    fs::rename(m.path("x/plain/f"), m.path("y/c")).unwrap();
+    {
+        let mut open = OpenOptions::new().append(true).open(m.path("x/sub/d")).unwrap();
+        open.write_all(&compressible(80_000, 11)).unwrap();
+        fs::rename(m.path("x/sub/d"), m.path("x/plain/inner/d")).unwrap();
+        open.write_all(&compressible(80_000, 12)).unwrap();
+    }
+    fs::remove_file(m.path("x/plain/inner/g")).unwrap();
+    fs::create_dir(m.path("x/sub/dir")).unwrap();
+    fs::create_dir(m.path("y/gone")).unwrap();
+    fs::remove_dir(m.path("y/gone")).unwrap();
+    let tmp = OpenOptions::new().read(true).write(true).custom_flags(libc::O_TMPFILE).open(m.path("x/sub")).unwrap();
+    tmp.write_all_at(&compressible(200_000, 13), 0).unwrap();
+    link_at(&tmp, &m.path("y/named")).unwrap();
+    drop(tmp);
+    assert_datasets(&d.mnt, &all, &[], "after changes the counters follow");
+
+    // A directory moved from one dataset to another: both walk again (a dataset inside it
+    // keeps its counters), then count on.
+    fs::rename(m.path("x/plain"), m.path("y/plain")).unwrap();
+    assert_datasets(&d.mnt, &["x", "y", "x/sub"], &["x", "y"], "a directory moved from x to y");
+    assert_datasets(&d.mnt, &["y/plain/inner"], &[], "a directory moved from x to y");
+    assert_datasets(&d.mnt, &["x", "y"], &[], "after their walk");
+
+    // A hard link from one dataset into another: those it touched walk again.
+    fs::hard_link(m.path("x/a"), m.path("y/link")).unwrap();
+    assert_datasets(&d.mnt, &["x", "y", "x/sub"], &["y"], "a hard link from x into y");
+    OpenOptions::new().append(true).open(m.path("y/link")).unwrap().write_all(&compressible(5_000, 14)).unwrap();
+    // Which datasets hold a hard-linked file's names is not known: every one walks again.
+    let now = ["x", "y", "x/sub", "y/plain/inner"];
+    assert_datasets(&d.mnt, &now, &now, "a hard-linked file written");
+
+    // A directory that becomes a dataset, or stops being one, starts without counters.
+    set(&m.path("x/sub/dir"), "compression=gzip-9");
+    fs::write(m.path("x/sub/dir/h"), compressible(90_000, 15)).unwrap();
+    assert_datasets(&d.mnt, &["x/sub/dir", "x/sub"], &["x/sub/dir"], "a new dataset");
+    let out = Command::new(BIN).args(["inherit", "compression"]).arg(m.path("x/sub/dir")).output().unwrap();
+    assert!(out.status.success());
+    set(&m.path("x/sub/dir"), "compression=zstd-9");
+    assert_datasets(&d.mnt, &["x/sub/dir"], &["x/sub/dir"], "a dataset again");
+
+    // A clean remount keeps them.
+    let datasets = ["x", "x/sub", "y", "y/plain/inner", "x/sub/dir"];
+    assert_datasets(&d.mnt, &datasets, &[], "before the unmount");
+    m.unmount();
+    let m = Mount::new(&d.lower, &d.mnt, "compression=zstd-3");
+    assert_datasets(&d.mnt, &datasets, &[], "after a clean remount");
+    // Not after a kill: each walks once again.
+    fs::write(m.path("y/after"), compressible(10_000, 16)).unwrap();
+    m.kill();
+    let m = Mount::new(&d.lower, &d.mnt, "compression=zstd-3");
+    wait_up_to("the counters rebuilt", WAIT, || !engine_snapshot(&d.mnt)["usage"].is_null());
+    assert_datasets(&d.mnt, &datasets, &datasets, "after a kill");
+    assert_datasets(&d.mnt, &datasets, &[], "after a kill and a walk");
     m.unmount();
 }
 

@@ -100,7 +100,7 @@ pub struct Container {
     /// Bytes of copies landed since the lower file system was last asked to start writing
     /// them (`EARLY_WRITEBACK_BYTES`).
     landed_unwritten: AtomicU64,
-    /// A writable container's part in the mount's counters (`usage.rs`): the file is measured
+    /// A writable container's part in the mount's counters (`usage/`): the file is measured
     /// again when the last container changing it goes, after its last landing.
     usage: OnceLock<UsageHold>,
 }

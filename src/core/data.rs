@@ -110,7 +110,7 @@ impl DenseFs {
             // and nothing it contributed to the mount's counters yet.
             Some(stat) if stat.st_size == 0 => {
                 let mtime = libc::timespec { tv_sec: stat.st_mtime, tv_nsec: stat.st_mtime_nsec };
-                let hold = self.usage.track(inode.lower_id(), inode.file(), Usage::default);
+                let hold = self.usage.track(inode.lower_id(), inode.file(), Usage::default, || self.within_parent_of(inode.nodeid));
                 let content = self.new_container(inode.file().clone(), Some(mtime), &settings())?;
                 return Ok(Self::with_usage(content, hold));
             }
@@ -120,8 +120,9 @@ impl DenseFs {
                 self.content_file(inode, writable)?
             }
         };
-        // Measured before a writer's container changes anything (`usage.rs`).
-        let hold = writable.then(|| self.usage.track(inode.lower_id(), &file, || Usage::measure(&file)));
+        // Measured before a writer's container changes anything (`usage/`).
+        let hold =
+            writable.then(|| self.usage.track(inode.lower_id(), &file, || Usage::measure(&file), || self.within_parent_of(inode.nodeid)));
         // The properties of the directory the file is in decide how it is written.
         let settings = settings();
         let content = match Container::probe_block(&file).map(|(header, block)| header.map(|h| (h, block))) {
@@ -167,7 +168,7 @@ impl DenseFs {
         if let Content::Container(c) = content {
             if !c.holds_usage() {
                 let file = c.lower_file().clone();
-                c.hold_usage(self.usage.track(inode.lower_id(), &file, || Usage::measure(&file)));
+                c.hold_usage(self.usage.track(inode.lower_id(), &file, || Usage::measure(&file), || self.within_parent_of(inode.nodeid)));
             }
         }
         content.make_writable(inode.raw_fd())
@@ -175,14 +176,15 @@ impl DenseFs {
 
     /// A change of a plain lower file (not a container) in place: the counters move by what it
     /// changed.
-    fn plain_change<T>(&self, file: &File, change: impl FnOnce() -> FsResult<T>) -> FsResult<T> {
+    fn plain_change<T>(&self, inode: &Inode, file: &File, change: impl FnOnce() -> FsResult<T>) -> FsResult<T> {
+        let _change = self.usage.begin();
         if !self.usage.known() {
-            self.usage.changed();
             return change();
         }
         let before = Usage::measure(file);
         let result = change();
-        self.usage.apply(&Usage::measure(file), &before);
+        let links = file.metadata().map_or(1, |m| std::os::unix::fs::MetadataExt::nlink(&m));
+        self.usage.apply_file(&self.within_parent_of(inode.nodeid), &Usage::measure(file), &before, links);
         result
     }
 
@@ -280,7 +282,7 @@ impl DenseFs {
         if flags & libc::O_TRUNC != 0 {
             let truncated = (|| {
                 self.kill_privileges(&inode, &changer)?;
-                self.with_content(&inode, |content| self.truncate_content(content, 0))
+                self.with_content(&inode, |content| self.truncate_content(&inode, content, 0))
             })();
             if let Err(e) = truncated {
                 self.release(fh);
@@ -339,7 +341,7 @@ impl DenseFs {
             }
         };
         if flags & libc::O_TRUNC != 0 {
-            if let Err(e) = self.truncate_content(&self.file_content(fh)?, 0) {
+            if let Err(e) = self.truncate_content(&inode, &self.file_content(fh)?, 0) {
                 self.release(fh);
                 self.forget(nodeid, 1);
                 return Err(e);
@@ -389,7 +391,7 @@ impl DenseFs {
         let killed = changer.fsetid == Some(false) && self.kill_privileges(&self.inode(inode.nodeid)?, &changer)?;
         let written = match content {
             Content::Container(c) => c.write(offset, data)?,
-            Content::Plain(file) => self.plain_change(file, || {
+            Content::Plain(file) => self.plain_change(inode, file, || {
                 file.write_all_at(data, offset)?;
                 Ok(data.len())
             })?,
@@ -550,10 +552,10 @@ impl DenseFs {
         result
     }
 
-    fn truncate_content(&self, content: &Content, size: u64) -> FsResult<()> {
+    fn truncate_content(&self, inode: &Inode, content: &Content, size: u64) -> FsResult<()> {
         match content {
             Content::Container(c) => c.set_size(size),
-            Content::Plain(file) => self.plain_change(file, || Ok(lower::set_len(file, size)?)),
+            Content::Plain(file) => self.plain_change(inode, file, || Ok(lower::set_len(file, size)?)),
         }
     }
 
@@ -591,8 +593,8 @@ impl DenseFs {
         if let Some(size) = set.size {
             self.kill_privileges(&inode, &set.changer)?;
             match fh.and_then(|fh| self.file_content(fh).ok()) {
-                Some(content) => self.truncate_content(&content, size)?,
-                None => self.with_content(&inode, |content| self.truncate_content(content, size))?,
+                Some(content) => self.truncate_content(&inode, &content, size)?,
+                None => self.with_content(&inode, |content| self.truncate_content(&inode, content, size))?,
             }
         }
         if set.atime.is_some() || set.mtime.is_some() {
@@ -651,7 +653,7 @@ impl DenseFs {
             self.kernel_attrs_stale(&handle.inode);
         }
         match handle.content.clone() {
-            Content::Plain(file) => self.plain_change(&file, || Ok(lower::fallocate(&file, mode, offset, len)?)),
+            Content::Plain(file) => self.plain_change(&handle.inode, &file, || Ok(lower::fallocate(&file, mode, offset, len)?)),
             Content::Container(c) => {
                 if !container_serves(mode) {
                     return Err(FsError::errno(libc::EOPNOTSUPP));

@@ -16,7 +16,7 @@
 
 use super::container::Container;
 use super::lower::{self, XattrOn};
-use super::usage::Usage;
+use super::usage::{DatasetCounters, Usage};
 use super::DenseFs;
 use crate::format::hints::{HintTrust, RunRecord, SizeHint, RUN_RECORD_LEN, SIZE_HINT_LEN};
 use std::ffi::CStr;
@@ -25,7 +25,25 @@ use std::os::fd::AsFd;
 
 const HINT_NAME: &CStr = c"user.densefs.size";
 const RECORD_NAME: &CStr = c"user.densefs.runs";
-/// The statistics a clean run saved (`usage.rs`).
+/// The datasets' statistics a clean run saved (`usage/datasets.rs`, docs/FORMAT.md).
+pub const DATASETS_FILE: &str = ".densefs.datasets";
+
+/// The datasets' counters run `run` of tree `tree` saved, if it saved any.
+fn read_datasets(root: &File, tree: u16, run: u32) -> DatasetCounters {
+    use std::os::unix::fs::MetadataExt;
+    let path = std::path::Path::new("/proc/self/fd").join(std::os::fd::AsRawFd::as_raw_fd(root).to_string()).join(DATASETS_FILE);
+    let read = || -> Option<DatasetCounters> {
+        let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).ok()?).ok()?;
+        let n = |k: &str| v[k].as_u64();
+        if n("version")? != 1 || n("tree")? != u64::from(tree) || n("run")? != u64::from(run) {
+            return None;
+        }
+        DatasetCounters::decode(&v["datasets"], root.metadata().ok()?.dev())
+    };
+    read().unwrap_or_default()
+}
+
+/// The statistics a clean run saved (`usage/`).
 const USAGE_NAME: &CStr = c"user.densefs.usage";
 
 /// What this run does with hints.
@@ -97,12 +115,12 @@ impl DenseFs {
     pub fn begin_run(&self, writable: bool) {
         let Ok(root) = self.lower_root_dir() else { return };
         let previous = read_record(&root);
-        // The statistics the last run saved, if it ended cleanly (`usage.rs`).
+        // The statistics the last run saved, if it ended cleanly (`usage/`).
         if let Some(p) = previous.filter(|p| !p.running) {
             let mut buf = vec![0u8; 64 * 1024];
             if let Ok(n) = lower::getxattr_on(XattrOn::Fd(root.as_fd()), USAGE_NAME, &mut buf) {
                 if let Some(usage) = Usage::decode(&buf[..n], p.tree, p.run) {
-                    self.usage.set(usage);
+                    self.usage.set(usage, read_datasets(&root, p.tree, p.run));
                 }
             }
         }
@@ -143,12 +161,34 @@ impl DenseFs {
                 if let Err(e) = lower::fsetxattr(&root, USAGE_NAME, &usage.encode(record.tree, record.run), 0) {
                     tracing::info!("cannot save the statistics ({e}): the next run walks the tree for them");
                 }
+                if let Err(e) = self.save_datasets(&root, record.tree, record.run) {
+                    tracing::info!("cannot save the datasets' statistics in {DATASETS_FILE} ({e}): the next run walks each for them");
+                }
             }
             write_record(&root, &record.end())
         });
         if let Err(e) = result {
             tracing::warn!("cannot record the clean end of this run ({e}): the next one will read headers for sizes");
         }
+    }
+
+    /// The datasets' counters (`usage/datasets.rs`), in a file of the lower root beside the
+    /// mount's own (an xattr value is too small for many): written anew, renamed over the old.
+    fn save_datasets(&self, root: &File, tree: u16, run: u32) -> std::io::Result<()> {
+        use std::os::unix::fs::MetadataExt;
+        let dir = std::path::Path::new("/proc/self/fd").join(std::os::fd::AsRawFd::as_raw_fd(root).to_string());
+        let datasets = self.usage.encode_datasets(root.metadata()?.dev());
+        if datasets.as_array().is_none_or(|a| a.is_empty()) {
+            return match std::fs::remove_file(dir.join(DATASETS_FILE)) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+                _ => Ok(()),
+            };
+        }
+        let text = serde_json::json!({"version": 1, "tree": tree, "run": run, "datasets": datasets}).to_string();
+        let tmp = dir.join(format!("{DATASETS_FILE}.tmp"));
+        std::fs::write(&tmp, text)?;
+        std::fs::File::open(&tmp)?.sync_all()?;
+        std::fs::rename(&tmp, dir.join(DATASETS_FILE))
     }
 
     pub(super) fn uses_hints(&self) -> bool {

@@ -205,7 +205,7 @@ pub struct DenseFs {
     hints: std::sync::OnceLock<hints::Hints>,
     /// Background compression, once `start_background` ran (a writable mount).
     background: std::sync::OnceLock<Arc<background::Background>>,
-    /// The mount's statistics as counters (`usage.rs`).
+    /// The mount's statistics as counters (`usage/`).
     usage: Arc<usage::Accounting>,
     /// The regular files `chattr +i`/`+a` protect (`fileattr.rs`).
     protected: fileattr::Protected,

@@ -2,7 +2,7 @@
 
 use super::inodes::Node;
 use super::lower::{self, cstr};
-use super::usage::Usage;
+use super::usage::{Usage, Within};
 use super::{Attr, Caller, DenseFs, DirEntry, FsError, FsResult, Kind};
 use crate::format::hints::SizeHint;
 use crate::format::layout::HEADER_BLOCK;
@@ -295,8 +295,9 @@ impl DenseFs {
         hidden(name, libc::EPERM)?;
         let dir = self.inode(parent)?;
         let c = cstr(name)?;
+        let _change = self.usage.begin();
         lower::with_umask(caller.umask, || lower::mkdirat(dir.raw_fd(), &c, mode))?;
-        self.usage.apply(&Usage::directory(), &Usage::default());
+        self.usage.apply(&self.within(parent), &Usage::directory(), &Usage::default());
         self.adopt(parent, name, caller)
     }
 
@@ -304,12 +305,13 @@ impl DenseFs {
         hidden(name, libc::EPERM)?;
         let dir = self.inode(parent)?;
         let c = cstr(name)?;
+        let _change = self.usage.begin();
         lower::with_umask(caller.umask, || lower::mknodat(dir.raw_fd(), &c, mode, u64::from(rdev)))?;
         if mode & libc::S_IFMT == libc::S_IFREG {
             // A new empty plain file.
             let blocks = lower::stat_at(dir.raw_fd(), name).map_or(0, |st| st.st_blocks as u64);
             let stats = crate::inspect::FileStats { physical: blocks * 512, ..Default::default() };
-            self.usage.apply(&Usage::of_file(&stats), &Usage::default());
+            self.usage.apply(&self.within(parent), &Usage::of_file(&stats), &Usage::default());
         }
         self.adopt(parent, name, caller)
     }
@@ -340,7 +342,8 @@ impl DenseFs {
             self.protected.check_entry(dir.raw_fd(), &c, st.st_ino)?;
         }
         let unlinked = st.as_ref().map(lower::id_and_links);
-        let leaving = self.leaving_counters(dir.raw_fd(), &c, st);
+        let _change = self.usage.begin();
+        let leaving = self.leaving_counters(dir.raw_fd(), &c, st, self.within(parent));
         lower::unlinkat(dir.raw_fd(), &c, 0)?;
         self.left_counters(leaving);
         if let Some((dev, ino, links)) = unlinked {
@@ -352,8 +355,14 @@ impl DenseFs {
     pub fn rmdir(&self, parent: u64, name: &OsStr) -> FsResult<()> {
         let dir = self.inode(parent)?;
         let c = cstr(name)?;
+        let _change = self.usage.begin();
+        let removed = lower::id_at(dir.raw_fd(), &c);
         lower::unlinkat(dir.raw_fd(), &c, libc::AT_REMOVEDIR)?;
-        self.usage.apply(&Usage::default(), &Usage::directory());
+        self.usage.apply(&self.within(parent), &Usage::default(), &Usage::directory());
+        if let Some(id) = removed {
+            // Had it properties, it was a dataset: a directory made later may get its number.
+            self.usage.forget_datasets(&Some(std::sync::Arc::from([id])));
+        }
         Ok(())
     }
 
@@ -365,7 +374,9 @@ impl DenseFs {
         let to = self.inode(new_parent)?;
         let a = cstr(name)?;
         let b = cstr(new_name)?;
-        let moving = lower::id_at(from.raw_fd(), &a);
+        let _change = self.usage.begin();
+        let moving_st = lower::entry_stat_at(from.raw_fd(), &a);
+        let moving = moving_st.as_ref().map(|st| (st.st_dev, st.st_ino));
         let displaced_st = lower::entry_stat_at(to.raw_fd(), &b);
         if let Some((_, ino)) = moving {
             self.protected.check_entry(from.raw_fd(), &a, ino)?;
@@ -375,11 +386,27 @@ impl DenseFs {
         }
         let displaced = displaced_st.as_ref().map(lower::id_and_links);
         let replaced = displaced_st.filter(|st| flags & libc::RENAME_EXCHANGE == 0 && moving != Some((st.st_dev, st.st_ino)));
-        let leaving = self.leaving_counters(to.raw_fd(), &b, replaced);
+        let (from_within, to_within) = (self.within(parent), self.within(new_parent));
+        let leaving = self.leaving_counters(to.raw_fd(), &b, replaced, to_within.clone());
         lower::renameat2(from.raw_fd(), &a, to.raw_fd(), &b, flags)?;
         // A walk counting meanwhile may have met what moved twice or not at all.
         self.usage.changed();
         self.left_counters(leaving);
+        if from_within.as_deref() != to_within.as_deref() {
+            match moving_st {
+                // A file of one name: what it contributes moves between the datasets.
+                Some(st) if st.st_mode & libc::S_IFMT == libc::S_IFREG && st.st_nlink <= 1 && flags & libc::RENAME_EXCHANGE == 0 => {
+                    let measure = || {
+                        let flags = libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC;
+                        lower::openat(to.raw_fd(), &b, flags, 0).map(Usage::measure_owned).unwrap_or_default()
+                    };
+                    self.usage.moved_file((st.st_dev, st.st_ino), &from_within, &to_within, measure);
+                }
+                // A directory's subtree, a hard-linked file, an exchange: not followed.
+                Some(_) => self.usage.forget_datasets_between(&from_within, &to_within),
+                None => {}
+            }
+        }
         // Keep the inode table's idea of where things live (it reopens evicted inodes by name).
         if let Some((dev, ino)) = moving {
             self.inodes.moved(dev, ino, new_parent, new_name);
@@ -397,7 +424,7 @@ impl DenseFs {
     /// What the entry `name` in `dir` (`st`: its lower status) takes from the mount's
     /// counters when it goes: a directory, or a regular file's last name (held open by the
     /// returned descriptor, to be measured once it went).
-    fn leaving_counters(&self, dir: RawFd, name: &CStr, st: Option<libc::stat>) -> Option<Leaving> {
+    fn leaving_counters(&self, dir: RawFd, name: &CStr, st: Option<libc::stat>, within: Within) -> Option<Leaving> {
         let st = st?;
         let (dev, ino, links) = lower::id_and_links(&st);
         if !self.usage.known() {
@@ -406,22 +433,25 @@ impl DenseFs {
             return None;
         }
         match st.st_mode & libc::S_IFMT {
-            libc::S_IFDIR => Some(Leaving::Directory),
+            libc::S_IFDIR => Some(Leaving::Directory(within)),
             libc::S_IFREG if links <= 1 => {
                 // Opened even where a container tracks it: that one may go before the unlink ends.
                 let flags = libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NOATIME | libc::O_NONBLOCK | libc::O_CLOEXEC;
                 let file = lower::openat(dir, name, flags, 0).or_else(|_| lower::openat(dir, name, flags & !libc::O_NOATIME, 0)).ok();
                 // Measured on another thread: a small file's blocks are few to wait for.
-                Some(Leaving::File((dev, ino), file, st.st_size <= MEASURE_LATER_BELOW))
+                Some(Leaving::File((dev, ino), file, st.st_size <= MEASURE_LATER_BELOW, within))
             }
+            // One name of a hard-linked file: the datasets that held no other lose it.
+            libc::S_IFREG => Some(Leaving::Name(within)),
             _ => None,
         }
     }
 
     fn left_counters(&self, leaving: Option<Leaving>) {
         match leaving {
-            Some(Leaving::Directory) => self.usage.apply(&Usage::default(), &Usage::directory()),
-            Some(Leaving::File(key, file, later)) => self.usage.remove_leaving(key, file, later),
+            Some(Leaving::Directory(within)) => self.usage.apply(&within, &Usage::default(), &Usage::directory()),
+            Some(Leaving::File(key, file, later, within)) => self.usage.remove_leaving(key, file, later, within),
+            Some(Leaving::Name(within)) => self.usage.forget_datasets(&within),
             None => {}
         }
     }
@@ -433,8 +463,22 @@ impl DenseFs {
         let dir = self.inode(new_parent)?;
         let c = cstr(new_name)?;
         let src = lower::proc_path(inode.raw_fd());
+        let _change = self.usage.begin();
+        let links_before = lower::stat_fd(inode.raw_fd())?.st_nlink;
         lower::linkat(libc::AT_FDCWD, &src, dir.raw_fd(), &c, libc::AT_SYMLINK_FOLLOW)?;
         self.usage.changed();
+        let (from, to) = (self.within_parent_of(nodeid), self.within(new_parent));
+        if links_before == 0 {
+            // An O_TMPFILE file's first name: it counts from its container's next measure on,
+            // in the datasets of that name.
+            self.usage.moved_file(inode.lower_id(), &from, &to, Usage::default);
+        } else if links_before == 1 {
+            // The datasets of the new name that did not hold the old one walk again.
+            self.usage.forget_datasets_gained(&from, &to);
+        } else {
+            // Which datasets hold its other names is not known.
+            self.usage.forget_datasets(&to);
+        }
         self.lookup(new_parent, new_name)
     }
 
@@ -576,10 +620,12 @@ impl DenseFs {
 
 /// An entry leaving the tree, for the mount's counters (`DenseFs::leaving_counters`).
 enum Leaving {
-    Directory,
+    Directory(Within),
     /// A regular file's last name: its lower id, its lower file, and whether it is small
     /// enough to be measured after the unlink answered.
-    File((u64, u64), Option<std::fs::File>, bool),
+    File((u64, u64), Option<std::fs::File>, bool, Within),
+    /// One of several names of a regular file.
+    Name(Within),
 }
 
 /// Files up to this lower length are measured after their unlink answered.

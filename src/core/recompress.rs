@@ -153,10 +153,12 @@ impl DenseFs {
             target.sync(false)?;
             copy_metadata(&lower_meta, lower::proc_path(node.raw_fd()), &file)?;
             let name = cstr(&name)?;
+            let _change = self.usage.begin();
             lower::renameat(dir.raw_fd(), &tmp, dir.raw_fd(), &name)?;
             // The counters: the old lower file's part goes (its last name did), the new one's comes.
-            self.usage.remove_file(node.lower_id(), || Usage::measure(content.file()));
-            self.usage.apply(&Usage::measure(&file), &Usage::default());
+            let within = self.within(parent);
+            self.usage.remove_file(node.lower_id(), &within, || Usage::measure(content.file()));
+            self.usage.apply(&within, &Usage::measure(&file), &Usage::default());
             lower::fsync(&lower::reopen(dir.raw_fd(), libc::O_RDONLY | libc::O_DIRECTORY)?)?;
             Ok(())
         };

@@ -3,7 +3,7 @@
 
 use super::inodes::Node;
 use super::props::{self, format_recordsize, LocalProps, PropertyValues, PROPERTIES, SETTABLE};
-use super::usage::Usage;
+use super::usage::{nowhere, Usage, Within};
 use super::{DenseFs, FsError, FsResult, Kind, ROOT};
 use crate::inspect::{inspect, inspect_owned, FileStats, Problem};
 use serde_json::{json, Value};
@@ -75,7 +75,7 @@ struct Walk {
 }
 
 impl Walk {
-    /// What a walk of the whole mount found, as its counters keep it (`usage.rs`).
+    /// What a walk of the whole mount found, as its counters keep it (`usage/`).
     fn usage(&self, stats: FileStats) -> Usage {
         Usage { files: self.files, containers: self.containers, directories: self.directories, stats }
     }
@@ -101,6 +101,35 @@ impl DenseFs {
         let local = props::read_local(dir.raw_fd())?;
         *cached = Some(local);
         Ok(local)
+    }
+
+    /// Whether directory `dir` is a dataset: one with properties of its own (the root always is).
+    fn is_dataset(&self, dir: &Node) -> bool {
+        dir.nodeid == ROOT || self.local_props(dir).is_ok_and(|l| !l.is_empty())
+    }
+
+    /// The datasets holding directory `dir` (itself included, the root not), innermost first,
+    /// up its parent chain (`usage/datasets.rs`); unknown where the chain is. Where no dataset
+    /// has counters, none is looked for.
+    pub(super) fn within(&self, dir: u64) -> Within {
+        if !self.usage.counts_datasets() {
+            return nowhere();
+        }
+        let mut keys = Vec::new();
+        let mut id = dir;
+        while id != ROOT {
+            let node = self.inodes.node(id).ok()?;
+            if self.is_dataset(&node) {
+                keys.push(node.lower_id());
+            }
+            id = self.inodes.parent_of(id)?;
+        }
+        Some(keys.into())
+    }
+
+    /// `within` the directory a node's (known) name is in.
+    pub(super) fn within_parent_of(&self, nodeid: u64) -> Within {
+        self.within(self.inodes.parent_of(nodeid)?)
     }
 
     /// Resolves the properties of directory `dir`, walking up to the root.
@@ -155,12 +184,17 @@ impl DenseFs {
         let mut cached = node.local_props.lock();
         *cached = None;
         let mut local = props::read_local(node.raw_fd())?;
+        let was_dataset = !local.is_empty();
         let result = match value {
             Some(v) => local.set(name, v),
             None => local.unset(name),
         };
         result.map_err(|e| FsError::new(libc::EINVAL, e))?;
         props::write_local(node.raw_fd(), &local)?;
+        if was_dataset == local.is_empty() {
+            // A dataset begins or ends here: it starts without counters (`usage/datasets.rs`).
+            self.usage.forget_datasets(&Some(Arc::from([node.lower_id()])));
+        }
         *cached = Some(local);
         Ok(())
     }
@@ -258,8 +292,8 @@ impl DenseFs {
                 let lower = PathBuf::from(lower_dir_path(&node));
                 let stats = if what == ReportKind::Properties {
                     FileStats::default()
-                } else if let Some(usage) = (nodeid == ROOT && what == ReportKind::Stats).then(|| self.usage.current()).flatten() {
-                    // The mount's counters: no walk (`usage.rs`).
+                } else if let Some(usage) = (what == ReportKind::Stats).then(|| self.counted(&node)).flatten() {
+                    // The mount's or the dataset's counters: no walk (`usage/`).
                     from = "counters";
                     out.files = usage.files;
                     out.containers = usage.containers;
@@ -272,6 +306,8 @@ impl DenseFs {
                         // A walk of the whole mount rebuilds the counters (if nothing changed
                         // meanwhile; else the background rebuild tries again).
                         self.usage.adopt_walk(out.usage(stats.clone()), changes);
+                    } else if self.is_dataset(&node) {
+                        self.usage.adopt_dataset_walk(node.lower_id(), out.usage(stats.clone()), changes);
                     }
                     stats
                 };
@@ -320,6 +356,15 @@ impl DenseFs {
         Ok(report.to_string())
     }
 
+    /// The counters of the mount root or of a dataset, where they are known.
+    fn counted(&self, dir: &Node) -> Option<crate::core::usage::Usage> {
+        match dir.nodeid {
+            ROOT => self.usage.current(),
+            _ if self.is_dataset(dir) => self.usage.current_dataset(dir.lower_id()),
+            _ => None,
+        }
+    }
+
     /// The engine's counters (JSON): what `densefs iostat` samples.
     pub fn engine_report(&self) -> String {
         self.engine_snapshot().to_string()
@@ -337,7 +382,7 @@ impl DenseFs {
         // Times the kernel was told to drop a file's attributes after the daemon's own writes.
         value["background"] = self.background_snapshot();
         // The mount's statistics as its counters stand (files still being written count as
-        // last measured); null until they are known (`usage.rs`).
+        // last measured); null until they are known (`usage/`).
         value["usage"] = self.usage.settled().map_or(Value::Null, |u| {
             let mut v = stats_json(&u.stats);
             v["files"] = u.files.into();
@@ -359,7 +404,7 @@ impl DenseFs {
 
     /// Counters no clean run saved are rebuilt by a walk of the tree on a thread the kernel
     /// schedules after everything else (idle CPU and I/O class), tried again while files change
-    /// during it; until then the first report on the root walks (`usage.rs`).
+    /// during it; until then the first report on the root walks (`usage/`).
     pub fn start_usage_rebuild(self: &Arc<Self>) {
         if self.usage.known() {
             return;

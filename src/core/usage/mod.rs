@@ -15,6 +15,10 @@
 //! `densefs scrub`. A walk is taken only if nothing changed while it ran (`adopt_walk`).
 //! Changes made directly in the lower behind densefs's back are seen after the next walk.
 
+mod datasets;
+
+pub use datasets::{nowhere, DatasetCounters, Key, Within};
+
 use crate::inspect::{inspect, inspect_owned, FileStats};
 use parking_lot::{Condvar, Mutex};
 use serde_json::{json, Value};
@@ -49,12 +53,13 @@ impl Usage {
     /// As `measure`, for a file a container tracks: one without a name (an O_TMPFILE not linked
     /// yet, open or on its way to its last close) counts nothing, as no walk finds it; linked,
     /// it counts from its next measure on.
-    fn measure_named(file: &File) -> Usage {
+    /// Also says how many names it has.
+    fn measure_named(file: &File) -> (Usage, u64) {
         use std::os::unix::fs::MetadataExt;
-        if file.metadata().is_ok_and(|m| m.nlink() == 0) {
-            return Usage::default();
+        match file.metadata().map(|m| m.nlink()) {
+            Ok(0) => (Usage::default(), 0),
+            links => (Usage::measure(file), links.unwrap_or(1)),
         }
-        Usage::measure(file)
     }
 
     /// As `measure`, on a descriptor it closes after.
@@ -80,28 +85,19 @@ impl Usage {
         self.stats.sub(&o.stats);
     }
 
-    /// The saved form (`user.densefs.usage` on the lower root, docs/FORMAT.md), for run `run`
-    /// of tree `tree`.
-    pub fn encode(&self, tree: u16, run: u32) -> Vec<u8> {
+    /// The counters as JSON (the saved forms, docs/FORMAT.md).
+    pub fn to_json(&self) -> Value {
         let s = &self.stats;
         json!({
-            "version": 1, "tree": tree, "run": run,
             "files": self.files, "containers": self.containers, "directories": self.directories,
             "written": s.logical_size, "logicalused": s.logical_data, "used": s.physical,
             "stored": s.stored_data, "lower_length": s.lower_length,
             "raw_low_savings": s.raw_low_savings, "records": s.records,
         })
-        .to_string()
-        .into_bytes()
     }
 
-    /// The counters saved for run `run` of tree `tree`, if that is what `value` holds.
-    pub fn decode(value: &[u8], tree: u16, run: u32) -> Option<Usage> {
-        let v: Value = serde_json::from_slice(value).ok()?;
+    pub fn from_json(v: &Value) -> Option<Usage> {
         let n = |k: &str| v[k].as_u64();
-        if n("version")? != 1 || n("tree")? != u64::from(tree) || n("run")? != u64::from(run) {
-            return None;
-        }
         let records = v["records"].as_object()?.iter().map(|(k, c)| Some((k.clone(), c.as_u64()?))).collect::<Option<_>>()?;
         let stats = FileStats {
             logical_size: n("written")?,
@@ -115,6 +111,26 @@ impl Usage {
         };
         Some(Usage { files: n("files")?, containers: n("containers")?, directories: n("directories")?, stats })
     }
+
+    /// The saved form (`user.densefs.usage` on the lower root, docs/FORMAT.md), for run `run`
+    /// of tree `tree`.
+    pub fn encode(&self, tree: u16, run: u32) -> Vec<u8> {
+        let mut v = self.to_json();
+        v["version"] = 1.into();
+        v["tree"] = tree.into();
+        v["run"] = run.into();
+        v.to_string().into_bytes()
+    }
+
+    /// The counters saved for run `run` of tree `tree`, if that is what `value` holds.
+    pub fn decode(value: &[u8], tree: u16, run: u32) -> Option<Usage> {
+        let v: Value = serde_json::from_slice(value).ok()?;
+        let n = |k: &str| v[k].as_u64();
+        if n("version")? != 1 || n("tree")? != u64::from(tree) || n("run")? != u64::from(run) {
+            return None;
+        }
+        Usage::from_json(&v)
+    }
 }
 
 /// A file being changed through writable containers: its contribution as last counted.
@@ -126,6 +142,8 @@ struct Tracked {
 
 struct TrackedState {
     counted: Usage,
+    /// The datasets holding its name (`datasets.rs`), kept as it moves.
+    within: Within,
     /// Containers holding it.
     holders: usize,
     /// Its last name went: it no longer counts.
@@ -137,10 +155,14 @@ struct TrackedState {
 pub struct Accounting {
     /// `None`: unknown until a walk rebuilds them.
     totals: Mutex<Option<Usage>>,
+    /// The datasets' (`datasets.rs`); locked after `totals` where both are.
+    datasets: Mutex<DatasetCounters>,
     tracked: Mutex<HashMap<(u64, u64), Arc<Tracked>>>,
     /// Changes counted (or not, while unknown) so far: a walk's result is adopted only if none
     /// came during it (`adopt_walk`).
     changes: AtomicU64,
+    /// Changes of the tree under way (`begin`): a walk meeting one is not adopted either.
+    in_flight: AtomicU64,
     /// Small files whose last name went, held open until measured (`remove_leaving`).
     leaving: Mutex<Leaving>,
     left: Condvar,
@@ -148,7 +170,7 @@ pub struct Accounting {
 
 #[derive(Default)]
 struct Leaving {
-    queue: VecDeque<File>,
+    queue: VecDeque<(File, Within)>,
     /// Taken from the queue, being measured.
     measuring: usize,
     threads: usize,
@@ -173,29 +195,49 @@ impl Drop for UsageHold {
     }
 }
 
+/// A change of the tree under way, from before it reaches the lower until its counters moved:
+/// no walk is adopted across it (`Accounting::begin`).
+pub struct ChangeGuard<'a>(&'a Accounting);
+
+impl Drop for ChangeGuard<'_> {
+    fn drop(&mut self) {
+        self.0.changes.fetch_add(1, Ordering::SeqCst);
+        self.0.in_flight.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
 impl Accounting {
     /// The counters now, if known; the files being changed are measured first (and the files
     /// deleted lately, `remove_leaving`).
     pub fn current(&self) -> Option<Usage> {
+        self.settle_tracked();
+        self.totals.lock().clone()
+    }
+
+    /// A dataset's counters now, if it has them (`datasets.rs`).
+    pub fn current_dataset(&self, key: Key) -> Option<Usage> {
+        self.settle_tracked();
+        self.datasets.lock().get(key).cloned()
+    }
+
+    /// Measures the files being changed and those deleted lately.
+    fn settle_tracked(&self) {
         self.wait_for_leaving();
-        if self.totals.lock().is_none() {
-            return None;
-        }
         let tracked: Vec<_> = self.tracked.lock().values().cloned().collect();
         for t in tracked {
             let mut st = t.state.lock();
             if !st.gone {
-                let now = Usage::measure_named(&t.file);
-                self.apply(&now, &st.counted);
+                let (now, links) = Usage::measure_named(&t.file);
+                self.apply_file(&st.within, &now, &st.counted, links);
                 st.counted = now;
             }
         }
-        self.totals.lock().clone()
     }
 
     /// Counters a clean run saved.
-    pub fn set(&self, usage: Usage) {
+    pub fn set(&self, usage: Usage, datasets: DatasetCounters) {
         *self.totals.lock() = Some(usage);
+        *self.datasets.lock() = datasets;
     }
 
     /// The counters as the last changes left them, without measuring the files being changed
@@ -204,10 +246,30 @@ impl Accounting {
         self.totals.lock().clone()
     }
 
+    /// The datasets' counters in their saved form (`datasets.rs`).
+    pub fn encode_datasets(&self, dev: u64) -> Value {
+        self.datasets.lock().encode(dev)
+    }
+
+    /// Whether any dataset has counters: where none does, no change needs to know where it
+    /// happened (a dataset gets counters only by a walk adopted with nothing tracked and nothing
+    /// under way, or at mount).
+    pub fn counts_datasets(&self) -> bool {
+        !self.datasets.lock().is_empty()
+    }
+
     /// Something changed that a walk counting now may have seen either way (counted by
     /// `apply` where the counters are known).
     pub fn changed(&self) {
         self.changes.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// A change of the tree begins (before it reaches the lower): until the guard goes, no walk
+    /// is adopted, as the walk may have seen the tree before or after it.
+    pub fn begin(&self) -> ChangeGuard<'_> {
+        self.in_flight.fetch_add(1, Ordering::SeqCst);
+        self.changes.fetch_add(1, Ordering::SeqCst);
+        ChangeGuard(self)
     }
 
     /// Where the changes stand, before a walk.
@@ -215,17 +277,41 @@ impl Accounting {
         self.changes.load(Ordering::SeqCst)
     }
 
-    /// Takes what a walk of the whole tree found as the counters, if nothing changed during it
-    /// (`changes_before`: `changes()` before it began) and no file is being changed now: a walk
-    /// may meet a file half landed, whose own count at its end would then be off. Says whether.
+    /// Whether a walk that began at `changes_before` saw a tree at rest: nothing changed during
+    /// it, no change is under way, no file is being changed (a walk may meet a file half
+    /// landed, whose own count at its end would then be off).
+    fn quiet_since(&self, tracked: &HashMap<(u64, u64), Arc<Tracked>>, leaving: &Leaving, changes_before: u64) -> bool {
+        tracked.is_empty()
+            && leaving.queue.is_empty()
+            && leaving.measuring == 0
+            && self.in_flight.load(Ordering::SeqCst) == 0
+            && self.changes() == changes_before
+    }
+
+    /// Takes what a walk of the whole tree found as the counters, if it saw the tree at rest
+    /// (`changes_before`: `changes()` before it began). Says whether.
     pub fn adopt_walk(&self, usage: Usage, changes_before: u64) -> bool {
         let tracked = self.tracked.lock();
         let leaving = self.leaving.lock();
         let mut totals = self.totals.lock();
-        if !tracked.is_empty() || !leaving.queue.is_empty() || leaving.measuring > 0 || self.changes() != changes_before {
+        if !self.quiet_since(&tracked, &leaving, changes_before) {
             return false;
         }
         *totals = Some(usage);
+        true
+    }
+
+    /// As `adopt_walk`, for a walk of the dataset `key`; only while the mount's own counters
+    /// are known (until then, changes are not followed at all).
+    pub fn adopt_dataset_walk(&self, key: Key, usage: Usage, changes_before: u64) -> bool {
+        let tracked = self.tracked.lock();
+        let leaving = self.leaving.lock();
+        let totals = self.totals.lock();
+        let mut datasets = self.datasets.lock();
+        if totals.is_none() || !self.quiet_since(&tracked, &leaving, changes_before) {
+            return false;
+        }
+        datasets.set(key, usage);
         true
     }
 
@@ -233,18 +319,73 @@ impl Accounting {
         self.totals.lock().is_some()
     }
 
-    /// Moves the counters by `after - before`.
-    pub fn apply(&self, after: &Usage, before: &Usage) {
+    /// Moves the counters by `after - before`, for a change in the place `within`.
+    pub fn apply(&self, within: &Within, after: &Usage, before: &Usage) {
         self.changes.fetch_add(1, Ordering::SeqCst);
-        if let Some(totals) = self.totals.lock().as_mut() {
+        let mut totals = self.totals.lock();
+        if let Some(totals) = totals.as_mut() {
             totals.add(after);
             totals.sub(before);
+        }
+        self.datasets.lock().apply(within, after, before);
+    }
+
+    /// As `apply`, for a file with `links` names: where it has more than one, the datasets
+    /// holding the others are not known, and every dataset loses its counters.
+    pub fn apply_file(&self, within: &Within, after: &Usage, before: &Usage, links: u64) {
+        self.apply(within, after, before);
+        if links > 1 && after != before {
+            self.datasets.lock().forget_all();
+        }
+    }
+
+    /// The datasets of `within` lose their counters (`datasets.rs`).
+    pub fn forget_datasets(&self, within: &Within) {
+        self.changes.fetch_add(1, Ordering::SeqCst);
+        self.datasets.lock().forget(within);
+    }
+
+    /// The datasets in one of `a`, `b` but not both lose their counters.
+    pub fn forget_datasets_between(&self, a: &Within, b: &Within) {
+        self.changes.fetch_add(1, Ordering::SeqCst);
+        self.datasets.lock().forget_difference(a, b);
+    }
+
+    /// A file in `from` got a name in `to`: the datasets only `to` is in lose their counters.
+    pub fn forget_datasets_gained(&self, from: &Within, to: &Within) {
+        self.changes.fetch_add(1, Ordering::SeqCst);
+        self.datasets.lock().forget_gained(from, to);
+    }
+
+    /// The file `key` (one name) moved from the place `from` to `to`: what it contributes moves
+    /// between the datasets that differ (as last counted where it is being changed, else
+    /// `measure`d now).
+    pub fn moved_file(&self, key: (u64, u64), from: &Within, to: &Within, measure: impl FnOnce() -> Usage) {
+        self.changes.fetch_add(1, Ordering::SeqCst);
+        if let Some(t) = self.tracked.lock().get(&key).cloned() {
+            let mut st = t.state.lock();
+            if !st.gone {
+                self.datasets.lock().moved(from, to, &st.counted);
+            }
+            st.within = to.clone();
+            return;
+        }
+        if from.as_deref() != to.as_deref() {
+            let usage = measure();
+            self.datasets.lock().moved(from, to, &usage);
         }
     }
 
     /// Starts (or joins) tracking the file `key` whose lower file is `file`: `counted` says what
-    /// it contributes now (nothing, for a file just created), asked only if nobody tracks it.
-    pub fn track(self: &Arc<Self>, key: (u64, u64), file: &Arc<File>, counted: impl FnOnce() -> Usage) -> UsageHold {
+    /// it contributes now (nothing, for a file just created), `within` where its name is; both
+    /// asked only if nobody tracks it.
+    pub fn track(
+        self: &Arc<Self>,
+        key: (u64, u64),
+        file: &Arc<File>,
+        counted: impl FnOnce() -> Usage,
+        within: impl FnOnce() -> Within,
+    ) -> UsageHold {
         let mut map = self.tracked.lock();
         self.changes.fetch_add(1, Ordering::SeqCst);
         let tracked = match map.get(&key) {
@@ -256,7 +397,7 @@ impl Accounting {
                 let t = Arc::new(Tracked {
                     key,
                     file: file.clone(),
-                    state: Mutex::new(TrackedState { counted: counted(), holders: 1, gone: false }),
+                    state: Mutex::new(TrackedState { counted: counted(), within: within(), holders: 1, gone: false }),
                 });
                 map.insert(key, t.clone());
                 t
@@ -277,60 +418,61 @@ impl Accounting {
         }
         drop(map);
         if !st.gone {
-            let now = Usage::measure_named(&tracked.file);
-            self.apply(&now, &st.counted);
+            let (now, links) = Usage::measure_named(&tracked.file);
+            self.apply_file(&st.within, &now, &st.counted, links);
             st.counted = now;
         }
     }
 
-    /// The last name of the file `key` is about to go: what it contributes goes with it (as
-    /// last counted where it is being changed, else `measure`d now).
-    pub fn remove_file(&self, key: (u64, u64), measure: impl FnOnce() -> Usage) {
-        if !self.untrack_gone(key) {
-            self.apply(&Usage::default(), &measure());
+    /// The last name of the file `key`, in the place `within`, is about to go: what it
+    /// contributes goes with it (as last counted where it is being changed, else `measure`d now).
+    pub fn remove_file(&self, key: (u64, u64), within: &Within, measure: impl FnOnce() -> Usage) {
+        if !self.untrack_gone(key, within) {
+            self.apply(within, &Usage::default(), &measure());
         }
     }
 
-    /// Where a container tracks the file `key`, whose last name went: its part as last
-    /// counted leaves the counters, and its containers count nothing more. Says whether.
-    fn untrack_gone(&self, key: (u64, u64)) -> bool {
+    /// Where a container tracks the file `key`, whose last name (in `within`) went: its part
+    /// as last counted leaves the counters, and its containers count nothing more. Says whether.
+    fn untrack_gone(&self, key: (u64, u64), within: &Within) -> bool {
         let Some(t) = self.tracked.lock().remove(&key) else { return false };
         let mut st = t.state.lock();
         if !st.gone {
             st.gone = true;
-            self.apply(&Usage::default(), &st.counted);
+            self.apply(within, &Usage::default(), &st.counted);
         }
         true
     }
 
-    /// Takes the part of the file `file` (its last name gone) from the counters, and closes it.
-    fn subtract_measured(&self, file: File) {
-        self.apply(&Usage::default(), &Usage::measure_owned(file));
+    /// Takes the part of the file `file` (its last name, in `within`, gone) from the counters,
+    /// and closes it.
+    fn subtract_measured(&self, file: File, within: &Within) {
+        self.apply(within, &Usage::default(), &Usage::measure_owned(file));
     }
 
     /// As `remove_file`, for a file whose lower file `file` was opened before its last name
     /// went (a container tracking it then may have gone meanwhile: its RELEASE comes when the
     /// kernel sends it). `later`: a small file no container tracks is measured on another
     /// thread, so that an `rm -rf` does not wait for each file's header to be read in turn.
-    pub fn remove_leaving(self: &Arc<Self>, key: (u64, u64), file: Option<File>, later: bool) {
-        if self.untrack_gone(key) {
+    pub fn remove_leaving(self: &Arc<Self>, key: (u64, u64), file: Option<File>, later: bool, within: Within) {
+        if self.untrack_gone(key, &within) {
             return;
         }
         match file {
-            Some(file) if later => self.measure_later(file),
-            Some(file) => self.subtract_measured(file),
+            Some(file) if later => self.measure_later(file, within),
+            Some(file) => self.subtract_measured(file, &within),
             None => {}
         }
     }
 
-    fn measure_later(self: &Arc<Self>, file: File) {
+    fn measure_later(self: &Arc<Self>, file: File, within: Within) {
         let mut leaving = self.leaving.lock();
         if leaving.queue.len() >= LEAVING_LIMIT {
             drop(leaving);
-            return self.subtract_measured(file);
+            return self.subtract_measured(file, &within);
         }
         self.changes.fetch_add(1, Ordering::SeqCst);
-        leaving.queue.push_back(file);
+        leaving.queue.push_back((file, within));
         if leaving.threads < LEAVING_THREADS.min(leaving.queue.len()) {
             let me = self.clone();
             let spawned = std::thread::Builder::new().name("densefs-unlinked".into()).spawn(move || me.measure_leaving());
@@ -339,9 +481,9 @@ impl Accounting {
             }
         }
         if leaving.threads == 0 {
-            let file = leaving.queue.pop_back().expect("just pushed");
+            let (file, within) = leaving.queue.pop_back().expect("just pushed");
             drop(leaving);
-            return self.subtract_measured(file);
+            return self.subtract_measured(file, &within);
         }
         self.left.notify_all();
     }
@@ -349,13 +491,13 @@ impl Accounting {
     fn measure_leaving(&self) {
         let mut leaving = self.leaving.lock();
         loop {
-            let Some(file) = leaving.queue.pop_front() else {
+            let Some((file, within)) = leaving.queue.pop_front() else {
                 self.left.wait(&mut leaving);
                 continue;
             };
             leaving.measuring += 1;
             drop(leaving);
-            self.subtract_measured(file);
+            self.subtract_measured(file, &within);
             leaving = self.leaving.lock();
             leaving.measuring -= 1;
             self.left.notify_all();
@@ -391,13 +533,13 @@ mod tests {
     #[test]
     fn unknown_counters_stay_unknown_until_a_quiet_walk() {
         let a = Accounting::default();
-        a.apply(&Usage::directory(), &Usage::default());
+        a.apply(&nowhere(), &Usage::directory(), &Usage::default());
         assert_eq!(a.current(), None);
         let before = a.changes();
-        a.apply(&Usage::directory(), &Usage::default());
+        a.apply(&nowhere(), &Usage::directory(), &Usage::default());
         assert!(!a.adopt_walk(Usage::default(), before), "a change came during the walk");
         assert!(a.adopt_walk(Usage::default(), a.changes()));
-        a.apply(&Usage::directory(), &Usage::default());
+        a.apply(&nowhere(), &Usage::directory(), &Usage::default());
         assert_eq!(a.current().unwrap().directories, 1);
     }
 }
