@@ -75,6 +75,35 @@ fn the_text_passes_promtool_and_the_endpoint_serves_the_same() {
 }
 
 #[test]
+fn a_dataset_s_statistics_are_exported_while_its_counters_are_known() {
+    let d = Dirs::new();
+    let m = Mount::new(&d.lower, &d.mnt, "");
+    std::fs::create_dir(m.path("data")).unwrap();
+    let out = Command::new(BIN).args(["set", "compression=gzip-1"]).arg(m.path("data")).output().unwrap();
+    assert!(out.status.success());
+    std::fs::write(m.path("data/f"), compressible(1 << 20, 2)).unwrap();
+    let sample = |text: &str| sum_of(text, "densefs_dataset_used_bytes{dataset=\"/data\"}");
+    assert!(!metrics_text(&m.mnt).contains("dataset=\"/data\""), "no counters before a first report walks it");
+    let get = |prop: &str| {
+        let out = Command::new(BIN).args(["get", "-H", "-p", "-o", "value", prop]).arg(m.path("data")).output().unwrap();
+        String::from_utf8(out.stdout).unwrap().trim().parse::<f64>().unwrap()
+    };
+    // A walk is kept as counters only with no file open (it may meet one half written).
+    common::wait_up_to("every file closed", 300, || common::engine_snapshot(&m.mnt)["inodes"]["open_files"] == 0);
+    let used = get("used");
+    assert!(used > 0.0);
+    let text = metrics_text(&m.mnt);
+    assert_eq!(sample(&text), used, "{text}");
+    assert_eq!(sum_of(&text, "densefs_dataset_files{dataset=\"/data\"}"), 1.0);
+    // The counters follow a second file (its RELEASE may come after close(2): wait for it).
+    std::fs::write(m.path("data/g"), compressible(1 << 20, 3)).unwrap();
+    common::wait_up_to("the second file counted", 300, || sum_of(&metrics_text(&m.mnt), "densefs_dataset_files{dataset=\"/data\"}") == 2.0);
+    common::wait_up_to("every file closed", 300, || common::engine_snapshot(&m.mnt)["inodes"]["open_files"] == 0);
+    assert_eq!(sample(&metrics_text(&m.mnt)), get("used"));
+    m.unmount();
+}
+
+#[test]
 fn a_non_loopback_address_is_refused_unless_asked_for() {
     let d = Dirs::new();
     std::fs::create_dir_all(&d.lower).unwrap();

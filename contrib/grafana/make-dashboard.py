@@ -28,6 +28,11 @@ ts("FUSE answer time by operation", [('histogram_quantile(0.99, sum by (op, le) 
 ts("Memory", [('densefs_memory_used_bytes'+sel, "used"), ('densefs_memory_limit_bytes'+sel, "limit (cache_size)")], "bytes", 0, 40)
 ts("Daemon", [('rate(densefs_process_cpu_seconds_total'+sel+'[1m])', "CPU (cores)"), ('densefs_engine_queued_tasks'+sel, "engine queue"), ('densefs_descriptors'+sel, "lower descriptors"), ('densefs_inodes'+sel, "inodes known")], "short", 12, 40)
 ts("compression=auto's choices", [('sum by (codec) (rate(densefs_auto_choices_total'+sel+'[5m]))', "{{codec}}")], "ops", 0, 48)
+ts("Space: used and logical (densefs get)", [('densefs_used_bytes'+sel, "used {{instance}}"), ('densefs_logical_used_bytes'+sel, "logicalused {{instance}}")], "bytes", 12, 48)
+ts("Compression ratio of what is stored (compressratio)", [('densefs_logical_used_bytes'+sel+' / densefs_used_bytes'+sel, "{{instance}}")], "none", 0, 56)
+ts("Files and records stored, by kind", [('sum by (kind) (densefs_stored_records'+sel+')', "records {{kind}}"), ('densefs_files'+sel, "files {{instance}}")], "short", 12, 56)
+ts("Space used by dataset (those with counters)", [('densefs_dataset_used_bytes'+sel, "used {{dataset}}"), ('densefs_dataset_logical_used_bytes'+sel, "logicalused {{dataset}}")], "bytes", 0, 64)
+ts("Compression ratio by dataset", [('densefs_dataset_logical_used_bytes'+sel+' / densefs_dataset_used_bytes'+sel, "{{dataset}}")], "none", 12, 64)
 dash={
  "title": "densefs",
  "uid": "densefs",

@@ -230,6 +230,19 @@ pub fn render(s: &Value) -> String {
             f.sample(name, &[], num(&usage[key]));
         }
     }
+    // Each dataset's (`densefs get` on it), while its counters are known: from its first
+    // report on, until a change they cannot follow (README: Properties and statistics).
+    for (name, key, help) in [
+        ("densefs_dataset_used_bytes", "used", "Bytes a dataset's files take on the lower file system, by dataset path."),
+        ("densefs_dataset_logical_used_bytes", "logicalused", "Bytes of data a dataset's files hold, holes excluded, by dataset path."),
+        ("densefs_dataset_logical_size_bytes", "written", "A dataset's file sizes together, by dataset path."),
+        ("densefs_dataset_files", "files", "Regular files in a dataset, by dataset path."),
+    ] {
+        let mut f = Family::new(&mut out, name, "gauge", help);
+        for d in s["datasets"].as_array().into_iter().flatten() {
+            f.sample(name, &[("dataset", d["path"].as_str().unwrap_or(""))], num(&d[key]));
+        }
+    }
     let name = "densefs_stored_records";
     let mut f = Family::new(&mut out, name, "gauge", "Records the mount's files hold, by how each is stored (a codec, raw or hole).");
     for (kind, n) in usage["records"].as_object().into_iter().flatten() {

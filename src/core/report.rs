@@ -389,6 +389,22 @@ impl DenseFs {
             v["directories"] = u.directories.into();
             v
         });
+        // The datasets' that have counters now and a path the daemon knows (the kernel
+        // holds their directory).
+        let datasets: Vec<Value> = self
+            .usage
+            .settled_datasets()
+            .into_iter()
+            .filter_map(|((dev, ino), u)| {
+                let node = self.inodes.node(self.inodes.find(dev, ino)?.nodeid).ok()?;
+                let mut v = stats_json(&u.stats);
+                v["path"] = self.mount_path(&node).into();
+                v["files"] = u.files.into();
+                v["directories"] = u.directories.into();
+                Some(v)
+            })
+            .collect();
+        value["datasets"] = datasets.into();
         value["kernel"] = serde_json::json!({"attr_drops": self.kernel_attr_drops.load(std::sync::atomic::Ordering::Relaxed)});
         value["shut_down"] = u8::from(super::lower::fence::raised()).into();
         value["requests"] = self

@@ -44,6 +44,10 @@ impl DatasetCounters {
         self.known.get(&key)
     }
 
+    pub fn iter(&self) -> impl Iterator<Item = (&Key, &Usage)> {
+        self.known.iter()
+    }
+
     pub fn set(&mut self, key: Key, usage: Usage) {
         self.known.insert(key, usage);
     }

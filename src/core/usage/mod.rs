@@ -246,6 +246,11 @@ impl Accounting {
         self.totals.lock().clone()
     }
 
+    /// The datasets' counters as the last changes left them (cheap: what the metrics show).
+    pub fn settled_datasets(&self) -> Vec<(Key, Usage)> {
+        self.datasets.lock().iter().map(|(k, u)| (*k, u.clone())).collect()
+    }
+
     /// The datasets' counters in their saved form (`datasets.rs`).
     pub fn encode_datasets(&self, dev: u64) -> Value {
         self.datasets.lock().encode(dev)
