@@ -267,8 +267,13 @@ fn the_pass_keeps_to_its_rate_of_lower_io() {
     let least = (2 * stored.saturating_sub(64 << 10)).saturating_sub(RATE) as f64 / RATE as f64;
     assert!(least > 2.0, "the file is too small to show the rate ({stored} bytes stored)");
     assert!(took >= least * 0.95, "the pass took {took:.1} s for {stored} stored bytes at 1 MiB/s (at least {least:.1} s)");
+    // The bound made the pass wait, unless the pass was no faster than the rate by itself: its
+    // threads get only CPU nothing else wants, which on a loaded machine is little (an idle
+    // one takes well under a second for this file, so the time above fails without the bound).
     let b = background(&d.mnt);
-    assert!(b["rate_waits_ms"].as_u64().unwrap() > 0, "{b}");
+    if b["rate_waits_ms"].as_u64().unwrap() == 0 {
+        eprintln!("the pass never got ahead of the rate by itself (a loaded machine): {b}");
+    }
     assert!(std::fs::read(m.path("f")).unwrap() == data);
     m.unmount();
 }

@@ -118,9 +118,15 @@ impl DenseFs {
         let mut keys = Vec::new();
         let mut id = dir;
         while id != ROOT {
-            let node = self.inodes.node(id).ok()?;
-            if self.is_dataset(&node) {
-                keys.push(node.lower_id());
+            let inode = self.inodes.get(id)?;
+            // Cached on the inode once read (no descriptor needed then).
+            let cached = *inode.local_props.lock();
+            let dataset = match cached {
+                Some(local) => !local.is_empty(),
+                None => self.is_dataset(&self.inodes.node(id).ok()?),
+            };
+            if dataset {
+                keys.push(inode.lower_id());
             }
             id = self.inodes.parent_of(id)?;
         }

@@ -241,8 +241,9 @@ impl Container {
     /// the lower file cut after it, so recompress never makes the lower file longer.
     ///
     /// Formats 4 to 6: the new copies lie past the old ones, freed by the sync; the last ones are
-    /// written again into the free space below (a record at a time, at most a group's worth),
-    /// and the lower file is cut after them.
+    /// written again into the free space below (a record at a time, each landed before the next
+    /// looks for room, at most a group's worth), and one sync frees their old copies and cuts
+    /// the lower file after them.
     ///
     /// `with`: what the moved copies are encoded with (the background pass keeps its codec).
     pub(super) fn compact_tail(self: &Arc<Self>, with: EncodeWith) -> FsResult<()> {
@@ -251,6 +252,7 @@ impl Container {
                 let _io = self.slot_io.read();
                 self.store.tail_copies(&mut self.state.lock().store, GROUP_RECORDS as usize)?
             };
+            let mut moved = false;
             for (place, record) in tail {
                 let movable = {
                     let _io = self.slot_io.read();
@@ -261,6 +263,12 @@ impl Container {
                 }
                 self.load(record, Load::Edit)?;
                 self.send_moved(record, with);
+                // Landed before the next one looks for room below; one sync after them all
+                // frees every old copy (an fsync each cost the background pass a second).
+                self.flush_data()?;
+                moved = true;
+            }
+            if moved {
                 self.sync(true)?;
             }
             return Ok(());
