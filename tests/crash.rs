@@ -902,7 +902,6 @@ fn small_fsynced_writes_that_rewrite_only_changed_blocks_survive_power_cuts() {
     // writes of a round may all have reached the disk (ext4 commits every 5 s) before its cut.
     let mut round = 0;
     while round < 6 || (reverted == 0 && round < MAX_ROUNDS_UNTIL_UNDONE) {
-        round += 1;
         let m = cuts.mount("recordsize=64K,compression=lz4");
         let file = OpenOptions::new().read(true).write(true).create(true).truncate(false).open(m.path("db")).unwrap();
         if round == 0 {
@@ -942,6 +941,7 @@ fn small_fsynced_writes_that_rewrite_only_changed_blocks_survive_power_cuts() {
         }
         drop(file);
         m.unmount();
+        round += 1;
     }
     eprintln!("{reverted} unsynced blocks undone by {round} power cuts");
     assert!(reverted > 0, "no power cut undid anything: the test tested nothing");
