@@ -251,6 +251,9 @@ fn assert_datasets(mnt: &Path, datasets: &[&str], walking: &[&str], when: &str) 
 fn dataset_counters_follow_files_moving_between_datasets_and_give_way_where_they_cannot() {
     let d = Dirs::new();
     let m = Mount::new(&d.lower, &d.mnt, "compression=zstd-3");
+    // A dataset's walk is kept as its counters only once the mount's are known (a walk of its
+    // own at a first mount, on an idle thread: slow on a loaded machine).
+    wait_up_to("the counters built", WAIT, || !engine_snapshot(&d.mnt)["usage"].is_null());
     for dir in ["x", "x/sub", "y", "x/plain", "x/plain/inner"] {
         fs::create_dir(m.path(dir)).unwrap();
     }

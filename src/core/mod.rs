@@ -17,6 +17,7 @@ mod fileattr;
 mod hints;
 mod inodes;
 mod landing;
+mod listing;
 pub mod lower;
 pub mod memory;
 mod namespace;
@@ -197,9 +198,9 @@ pub struct DenseFs {
     /// By node id; written again, a file's deadline moves.
     settling: Mutex<HashMap<u64, (std::sync::Weak<Inode>, std::time::Instant)>>,
     /// Listings read further than their replies took, for the READDIRs that go on with them.
-    cursors: namespace::Cursors,
+    cursors: listing::Cursors,
     /// Files listings spared header reads, for the opens that follow (`read_listed_ahead`).
-    listed: namespace::Listed,
+    listed: listing::Listed,
     /// Size hints: set by `begin_run` (none for a core without a mount, or a lower that keeps
     /// no run record).
     hints: std::sync::OnceLock<hints::Hints>,
