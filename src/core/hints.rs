@@ -34,8 +34,7 @@ fn read_datasets(root: &File, tree: u16, run: u32) -> DatasetCounters {
     let path = std::path::Path::new("/proc/self/fd").join(std::os::fd::AsRawFd::as_raw_fd(root).to_string()).join(DATASETS_FILE);
     let read = || -> Option<DatasetCounters> {
         let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).ok()?).ok()?;
-        let n = |k: &str| v[k].as_u64();
-        if n("version")? != 1 || n("tree")? != u64::from(tree) || n("run")? != u64::from(run) {
+        if !super::usage::saved_by(&v, tree, run) {
             return None;
         }
         DatasetCounters::decode(&v["datasets"], root.metadata().ok()?.dev())

@@ -125,12 +125,14 @@ impl Usage {
     /// The counters saved for run `run` of tree `tree`, if that is what `value` holds.
     pub fn decode(value: &[u8], tree: u16, run: u32) -> Option<Usage> {
         let v: Value = serde_json::from_slice(value).ok()?;
-        let n = |k: &str| v[k].as_u64();
-        if n("version")? != 1 || n("tree")? != u64::from(tree) || n("run")? != u64::from(run) {
-            return None;
-        }
-        Usage::from_json(&v)
+        saved_by(&v, tree, run).then(|| Usage::from_json(&v)).flatten()
     }
+}
+
+/// Whether a saved form (the mount's or the datasets', docs/FORMAT.md) is version 1 and was
+/// saved by run `run` of tree `tree`.
+pub fn saved_by(v: &Value, tree: u16, run: u32) -> bool {
+    v["version"].as_u64() == Some(1) && v["tree"].as_u64() == Some(u64::from(tree)) && v["run"].as_u64() == Some(u64::from(run))
 }
 
 /// A file being changed through writable containers: its contribution as last counted.
