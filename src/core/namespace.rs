@@ -277,7 +277,8 @@ impl DenseFs {
                 let flags = libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NOATIME | libc::O_NONBLOCK | libc::O_CLOEXEC;
                 let file = lower::openat(dir, name, flags, 0).or_else(|_| lower::openat(dir, name, flags & !libc::O_NOATIME, 0)).ok();
                 // Measured on another thread: a small file's blocks are few to wait for.
-                Some(Leaving::File((dev, ino), file, st.st_size <= MEASURE_LATER_BELOW, within))
+                let pin = self.usage.pin((dev, ino));
+                Some(Leaving::File((dev, ino), file, st.st_size <= MEASURE_LATER_BELOW, within, pin))
             }
             // One name of a hard-linked file: the datasets that held no other lose it.
             libc::S_IFREG => Some(Leaving::Name(within)),
@@ -288,7 +289,10 @@ impl DenseFs {
     fn left_counters(&self, leaving: Option<Leaving>) {
         match leaving {
             Some(Leaving::Directory(within)) => self.usage.apply(&within, &Usage::default(), &Usage::directory()),
-            Some(Leaving::File(key, file, later, within)) => self.usage.remove_leaving(key, file, later, within),
+            Some(Leaving::File(key, file, later, within, pin)) => {
+                self.usage.remove_leaving(key, file, later, within);
+                drop(pin);
+            }
             Some(Leaving::Name(within)) => self.usage.forget_datasets(&within),
             None => {}
         }
@@ -337,9 +341,10 @@ impl DenseFs {
 /// An entry leaving the tree, for the mount's counters (`DenseFs::leaving_counters`).
 enum Leaving {
     Directory(Within),
-    /// A regular file's last name: its lower id, its lower file, and whether it is small
-    /// enough to be measured after the unlink answered.
-    File((u64, u64), Option<std::fs::File>, bool, Within),
+    /// A regular file's last name: its lower id, its lower file, whether it is small enough
+    /// to be measured after the unlink answered, and its pin where a container tracks it
+    /// (`Accounting::pin`).
+    File((u64, u64), Option<std::fs::File>, bool, Within, Option<crate::core::usage::UsageHold>),
     /// One of several names of a regular file.
     Name(Within),
 }

@@ -413,22 +413,37 @@ impl Accounting {
         UsageHold { accounting: self.clone(), tracked }
     }
 
+    /// A container of the file went; after the last, the file is measured and untracked. It
+    /// stays tracked until measured: a last name going meanwhile (`untrack_gone`) then finds it
+    /// and takes what this measure left counted, not a measure of its own as well.
     fn release(&self, tracked: &Arc<Tracked>) {
-        let mut map = self.tracked.lock();
         let mut st = tracked.state.lock();
         st.holders -= 1;
         if st.holders > 0 {
             return;
         }
-        if map.get(&tracked.key).is_some_and(|t| Arc::ptr_eq(t, tracked)) {
-            map.remove(&tracked.key);
-        }
-        drop(map);
         if !st.gone {
             let (now, links) = Usage::measure_named(&tracked.file);
             self.apply_file(&st.within, &now, &st.counted, links);
             st.counted = now;
         }
+        // The map before the state (`track`'s order); a container may have joined meanwhile.
+        drop(st);
+        let mut map = self.tracked.lock();
+        if tracked.state.lock().holders == 0 && map.get(&tracked.key).is_some_and(|t| Arc::ptr_eq(t, tracked)) {
+            map.remove(&tracked.key);
+        }
+    }
+
+    /// Keeps the file `key` tracked until the returned hold goes, where a container tracks it
+    /// now. A change taking a file's last name pins it first: else its last container could go
+    /// meanwhile, measure it nameless and take its part away, and the change, finding it
+    /// untracked, would take its own measure away as well (`remove_leaving`).
+    pub fn pin(self: &Arc<Self>, key: (u64, u64)) -> Option<UsageHold> {
+        let map = self.tracked.lock();
+        let tracked = map.get(&key)?.clone();
+        tracked.state.lock().holders += 1;
+        Some(UsageHold { accounting: self.clone(), tracked })
     }
 
     /// The last name of the file `key`, in the place `within`, is about to go: what it
@@ -535,6 +550,39 @@ mod tests {
         assert_eq!(Usage::decode(&saved, 7, 43), None, "another run's");
         assert_eq!(Usage::decode(&saved, 8, 42), None, "another tree's");
         assert_eq!(Usage::decode(b"{}", 7, 42), None);
+    }
+
+    /// A file's last container going (its RELEASE) while its last name goes on another thread
+    /// (unlink, rename over it, recompress): its part leaves the counters once, whichever comes
+    /// first. The window is narrow; many rounds find it.
+    #[test]
+    fn a_release_racing_the_last_name_going_subtracts_the_file_once() {
+        use std::os::unix::fs::MetadataExt;
+        let dir = tempfile::tempdir().unwrap();
+        let kept = dir.path().join("kept");
+        std::fs::write(&kept, b"a file nothing touches").unwrap();
+        let a = Arc::new(Accounting::default());
+        let baseline = Usage::measure(&File::open(&kept).unwrap());
+        for round in 0..20000 {
+            let path = dir.path().join(format!("f{round}"));
+            std::fs::write(&path, vec![b'x'; 5000]).unwrap();
+            let file = Arc::new(std::fs::OpenOptions::new().read(true).write(true).open(&path).unwrap());
+            let mut totals = baseline.clone();
+            totals.add(&Usage::measure(&file));
+            a.set(totals, DatasetCounters::default());
+            let key = (file.metadata().unwrap().dev(), file.metadata().unwrap().ino());
+            let hold = a.track(key, &file, || Usage::measure(&file), nowhere);
+            std::io::Write::write_all(&mut &*file, b"grown while tracked").unwrap();
+            let releasing = std::thread::spawn(move || drop(hold));
+            // As an unlink does it (`DenseFs::leaving_counters`).
+            let opened = File::open(&path).unwrap();
+            let pin = a.pin(key);
+            std::fs::remove_file(&path).unwrap();
+            a.remove_leaving(key, Some(opened), round % 2 == 0, nowhere());
+            drop(pin);
+            releasing.join().unwrap();
+            assert_eq!(a.current(), Some(baseline.clone()), "round {round}");
+        }
     }
 
     #[test]
