@@ -210,14 +210,20 @@ impl Drop for ChangeGuard<'_> {
 
 impl Accounting {
     /// The counters now, if known; the files being changed are measured first (and the files
-    /// deleted lately, `remove_leaving`).
+    /// deleted lately, `remove_leaving`). Unknown, nothing is measured: a walk answers.
     pub fn current(&self) -> Option<Usage> {
+        if !self.known() {
+            return None;
+        }
         self.settle_tracked();
         self.totals.lock().clone()
     }
 
     /// A dataset's counters now, if it has them (`datasets.rs`).
     pub fn current_dataset(&self, key: Key) -> Option<Usage> {
+        if self.datasets.lock().get(key).is_none() {
+            return None;
+        }
         self.settle_tracked();
         self.datasets.lock().get(key).cloned()
     }
