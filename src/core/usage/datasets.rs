@@ -40,6 +40,10 @@ impl DatasetCounters {
         self.known.is_empty()
     }
 
+    pub fn has(&self, key: Key) -> bool {
+        self.known.contains_key(&key)
+    }
+
     pub fn get(&self, key: Key) -> Option<&Usage> {
         self.known.get(&key)
     }

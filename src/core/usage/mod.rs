@@ -221,7 +221,7 @@ impl Accounting {
 
     /// A dataset's counters now, if it has them (`datasets.rs`).
     pub fn current_dataset(&self, key: Key) -> Option<Usage> {
-        if self.datasets.lock().get(key).is_none() {
+        if !self.datasets.lock().has(key) {
             return None;
         }
         self.settle_tracked();
