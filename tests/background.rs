@@ -63,7 +63,7 @@ fn closed_files_end_in_the_background_codec_in_place_and_read_back() {
     std::fs::write(m.path("s"), &small).unwrap();
     // A second name: the pass works on the inode, both names see it.
     std::fs::hard_link(m.path("a"), m.path("a-link")).unwrap();
-    let ino_before = std::fs::metadata(d.lower.join("a")).unwrap().ino();
+    let (ino_before, len_before) = std::fs::metadata(d.lower.join("a")).map(|m| (m.ino(), m.len())).unwrap();
     let used_before = stat(&m.path("a"))["stats"]["used"].as_u64().unwrap();
     assert!(records(&m.path("a")).contains_key("lz4"));
 
@@ -80,6 +80,9 @@ fn closed_files_end_in_the_background_codec_in_place_and_read_back() {
     // writes get) is unchanged.
     let lower_a = std::fs::metadata(d.lower.join("a")).unwrap();
     assert_eq!((lower_a.ino(), lower_a.nlink()), (ino_before, 2));
+    // The new copies, placed past the old ones, were moved down into the space the old ones
+    // left: the lower file ends up shorter, not longer.
+    assert!(lower_a.len() < len_before, "lower length {} after the pass, {len_before} before", lower_a.len());
     assert_eq!(stat(&m.path("a"))["properties"]["compression"]["value"], "lz4");
     let used_after = stat(&m.path("a"))["stats"]["used"].as_u64().unwrap();
     assert!(used_after < used_before, "zstd-3 stores less than lz4: {used_after} vs {used_before}");

@@ -140,7 +140,7 @@ impl Container {
         Ok(if found.is_empty() { Source::Absent } else { Source::Lower { candidates: found } })
     }
 
-    fn request(&self, record: u64, slot: usize, d: &Descriptor) -> FsResult<DecompressRequest> {
+    pub(super) fn request(&self, record: u64, slot: usize, d: &Descriptor) -> FsResult<DecompressRequest> {
         Ok(DecompressRequest {
             codec: d.codec(),
             stored: self.store.read_copy(record, slot, d)?,

@@ -3,9 +3,11 @@
 
 use super::{Container, EncodeWith, Load, State};
 use crate::codec::Setting;
+use crate::core::changed::Changed;
 use crate::core::error::FsResult;
-use crate::engine::RecordPolicy;
+use crate::engine::{Encoded, RecordPolicy};
 use crate::format::layout::GROUP_RECORDS;
+use crate::format::newest_first;
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
@@ -241,11 +243,11 @@ impl Container {
     /// the lower file cut after it, so recompress never makes the lower file longer.
     ///
     /// Formats 4 to 6: the new copies lie past the old ones, freed by the sync; the last ones are
-    /// written again into the free space below (a record at a time, each landed before the next
-    /// looks for room, at most a group's worth), and one sync frees their old copies and cuts
-    /// the lower file after them.
+    /// copied, their stored bytes as they are, into the free space below (`move_copy`, at most a
+    /// group's worth), and one sync frees their old copies and cuts the lower file after them.
     ///
-    /// `with`: what the moved copies are encoded with (the background pass keeps its codec).
+    /// `with`: formats 1 to 3, what the moved record is encoded with (the background pass keeps
+    /// its codec).
     pub(super) fn compact_tail(self: &Arc<Self>, with: EncodeWith) -> FsResult<()> {
         if self.layout().placed() {
             let tail = {
@@ -258,14 +260,11 @@ impl Container {
                     let _io = self.slot_io.read();
                     self.store.room_below(&mut self.state.lock().store, place)?
                 };
-                if !movable {
+                // One sync after them all frees every old copy (an fsync each cost the
+                // background pass a second).
+                if !movable || !self.move_copy(record)? {
                     break;
                 }
-                self.load(record, Load::Edit)?;
-                self.send_moved(record, with);
-                // Landed before the next one looks for room below; one sync after them all
-                // frees every old copy (an fsync each cost the background pass a second).
-                self.flush_data()?;
                 moved = true;
             }
             if moved {
@@ -291,6 +290,30 @@ impl Container {
 }
 
 impl Container {
+    /// Formats 4 to 6: writes `record`'s newest copy again, its stored bytes as they are, at the
+    /// lowest free place that holds it (`compact_tail`: moving a copy encodes nothing again).
+    /// The old copy stays the record's other copy until the next sync. False, and nothing
+    /// moved, where the record is being changed or its copy fails its checksum (a read reports
+    /// that; moving it would only copy the damage).
+    pub(super) fn move_copy(&self, record: u64) -> FsResult<bool> {
+        let _io = self.slot_io.write();
+        let mut st = self.state.lock();
+        let st = &mut *st;
+        if st.buffers.is_pending(record) {
+            return Ok(false);
+        }
+        let newest = newest_first(&self.store.pair(&mut st.store, record)?).first().copied();
+        let Some((slot, d)) = newest.filter(|(_, d)| !d.is_hole() && !d.is_inline()) else { return Ok(false) };
+        let request = self.request(record, slot, &d)?;
+        if self.engine.decode(&request).is_err() {
+            return Ok(false);
+        }
+        let copy = Encoded { codec: d.codec(), level: d.level, bytes: request.stored, logical_len: d.logical_len, checksum: d.checksum };
+        self.store.write_copy(&mut st.store, record, &copy, false, Changed::All)?;
+        self.store.write_gathered(&mut st.store)?;
+        Ok(true)
+    }
+
     /// A record loaded to be written again elsewhere goes to the engine with `with` (the sync
     /// after it would send it with the file's codec).
     fn send_moved(self: &Arc<Self>, record: u64, with: EncodeWith) {
