@@ -89,6 +89,8 @@ pub fn punch_hole(file: &File, offset: u64, len: u64) -> io::Result<()> {
     if len == 0 {
         return Ok(());
     }
+    #[cfg(test)]
+    power_cut::punched(file);
     fallocate(file, libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE, offset, len)
 }
 
@@ -162,6 +164,8 @@ pub mod power_cut {
         unsynced: Blocks,
         /// How many writes it took (each a round trip on a network lower).
         writes: usize,
+        /// How many hole punches it took.
+        punches: usize,
     }
 
     /// (dev, ino) of each watched file -> what is recorded of it.
@@ -196,6 +200,15 @@ pub mod power_cut {
                 block += BLOCK;
             }
         });
+    }
+
+    pub(super) fn punched(file: &File) {
+        with_watched(file, |w| w.punches += 1);
+    }
+
+    /// How many hole punches a watched file took since it was watched.
+    pub fn punches(file: &File) -> usize {
+        with_watched(file, |w| w.punches).unwrap_or(0)
     }
 
     pub(super) fn synced(file: &File) {
