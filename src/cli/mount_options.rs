@@ -86,7 +86,7 @@ pub const MOUNT_OPTIONS: [MountOptionDoc; 25] = [
         names: &["background_delay"],
         value: "SECONDS",
         example: "1",
-        about: "How long a file must stay closed before background_compression re-encodes it, in seconds (or 500ms); a file opened again meanwhile waits that long again (default 1).",
+        about: "How long a file must stay closed before background_compression re-encodes it, in seconds (or 500ms); a file opened again meanwhile waits that long again (default 500ms).",
     },
     MountOptionDoc {
         names: &["background_rate"],

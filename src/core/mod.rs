@@ -68,7 +68,7 @@ impl Default for Options {
             properties: PropertyValues::default(),
             cache_size: 256 << 20,
             atime: atime::Atime::Relative,
-            background_delay: Duration::from_secs(1),
+            background_delay: Duration::from_millis(500),
             background_rate: 128 << 20,
         }
     }
