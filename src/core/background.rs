@@ -31,8 +31,10 @@ use std::time::{Duration, Instant};
 pub const WORK_LOG: &str = ".densefs.background";
 /// The log is rewritten from the queue once it holds this many lines more than twice the queue.
 const COMPACT_SLACK: u64 = 4096;
-/// The pass syncs a file (freeing the old copies) after re-encoding this many bytes of it.
-const SYNC_EVERY_BYTES: u64 = 128 << 20;
+/// The pass syncs a file (freeing the old copies) after re-encoding this many bytes of it: the
+/// lower file holds both encodings of at most this much (a sync costs tens of milliseconds, and
+/// its old copies are punched a run at a time).
+const SYNC_EVERY_BYTES: u64 = 32 << 20;
 /// A pass goes on only once users' reads and writes have paused this long.
 const USER_QUIET: Duration = Duration::from_millis(100);
 /// How long a pass's thread waits before looking again while users are busy.
