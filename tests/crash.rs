@@ -974,13 +974,20 @@ fn a_power_cut_during_background_passes_loses_nothing() {
             records += data.len().div_ceil(RECORD) as u64;
             expected.push((name, data));
         }
-        // Killed at a random point of the passes: after some records, or after all of them.
+        // Killed at a random point of the passes: after some records, or after all of them; on a
+        // loaded machine, where the pass's SCHED_IDLE threads crawl, after its first record and
+        // at most 5 s more.
         let until = cuts.rng.gen_range(1..=records + records / 4);
         let background = || common::engine_snapshot(&m.mnt)["background"].clone();
-        common::wait_until("the pass to re-encode records", || {
+        let reached = |at_least: u64| {
             let b = background();
-            b["records"].as_u64().unwrap() >= until || b["waiting_files"] == 0
-        });
+            b["records"].as_u64().unwrap() >= at_least || b["waiting_files"] == 0
+        };
+        common::wait_up_to("the pass's first record", 600, || reached(1));
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while !reached(until) && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+        }
         densified += background()["records"].as_u64().unwrap();
         m.kill();
         reverted += cuts.cut().0;
