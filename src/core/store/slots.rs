@@ -194,13 +194,16 @@ impl Store {
     /// Punches slots a truncate cleared, once their cleared descriptors are durable; a slot
     /// written again since keeps its new copy.
     fn punch_cleared(&self, st: &mut StoreState, cleared: impl IntoIterator<Item = (u64, usize)>) -> FsResult<()> {
+        let mut slots = Vec::new();
         for (record, slot) in cleared {
             if self.pair(st, record)?[slot] == SlotState::Empty {
-                st.touch();
-                lower::punch_hole(&self.lower, self.layout.record_to_slot_off(record, slot), self.layout.record_size())?;
+                slots.push((self.layout.record_to_slot_off(record, slot), self.layout.record_size()));
             }
         }
-        Ok(())
+        if !slots.is_empty() {
+            st.touch();
+        }
+        self.punch_freed(st, slots)
     }
 
     /// A slot a truncate cleared since the last sync may still hold the copy the disk calls
@@ -338,7 +341,7 @@ impl Store {
 
     /// Punches places no descriptor names any more and, formats 4 to 6, makes them free for new
     /// copies: adjacent ones in one call (a lower mounted with `discard` discards each call's
-    /// range before it returns: a call per copy cost a background pass seconds per 128 MiB).
+    /// range before it returns: a call per copy cost a background pass seconds).
     fn punch_freed(&self, st: &mut StoreState, mut places: Vec<Extent>) -> FsResult<()> {
         places.sort_unstable();
         let mut runs: Vec<Extent> = Vec::new();
