@@ -391,6 +391,12 @@ fn power_cut_harness_of(record_size: u64) -> Harness {
     h
 }
 
+/// 16 KiB of random bases and newlines: lz4 stores it in 3 blocks, gzip-6 in fewer.
+fn bases(seed: u64) -> Vec<u8> {
+    let mut rng = Rng(seed);
+    (0..16 * 1024).map(|_| b"ACGT\n"[rng.below(5) as usize]).collect()
+}
+
 /// Incompressible contents of one 4 KiB record (stored raw: one block of its own).
 fn noise(record: u64, version: u64) -> Vec<u8> {
     let mut rng = Rng((record << 32 | version).wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
@@ -539,10 +545,7 @@ fn the_writeback_tick_never_undoes_a_users_utimensat() {
 fn a_power_cut_while_a_pass_moves_copies_down_keeps_every_record() {
     use super::densify::{Densified, Densify};
     let h = power_cut_harness_of(16 * 1024);
-    let text = |record: u64| -> Vec<u8> {
-        let mut rng = Rng(record * 7919 + 1);
-        (0..16 * 1024).map(|_| b"ACGT\n"[rng.below(5) as usize]).collect()
-    };
+    let text = |record: u64| bases(record * 7919 + 1);
     for record in 0..3 {
         h.container.write(record * 16 * 1024, &text(record)).unwrap();
     }
@@ -572,10 +575,7 @@ fn a_power_cut_while_a_pass_moves_copies_down_keeps_every_record() {
 #[test]
 fn old_copies_side_by_side_are_punched_together() {
     let h = power_cut_harness_of(16 * 1024);
-    let text = |record: u64, version: u64| -> Vec<u8> {
-        let mut rng = Rng((record * 7919 + version) | 1);
-        (0..16 * 1024).map(|_| b"ACGT\n"[rng.below(5) as usize]).collect()
-    };
+    let text = |record: u64, version: u64| bases((record * 7919 + version) | 1);
     for version in 0..2 {
         for record in 0..64 {
             h.container.write(record * 16 * 1024, &text(record, version)).unwrap();
