@@ -2,9 +2,10 @@
 //! (a busy mount is written back and left after a bounded wait).
 
 use super::is_root;
-use super::mount::{cpath, detach};
+use super::mount::cpath;
 use super::mount_options::{IoUringMode, MountConfig};
 use super::owner::{Lease, HEARTBEAT};
+use super::unmount::detach;
 use crate::core::atime::Atime;
 use crate::core::{DenseFs, KernelCache};
 use crate::engine::{Engine, Offload};

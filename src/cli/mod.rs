@@ -26,6 +26,7 @@ pub mod output;
 pub mod owner;
 pub mod props;
 pub mod recompress;
+pub mod unmount;
 
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use std::path::PathBuf;
@@ -300,7 +301,7 @@ pub fn run(cli: Cli) -> ExitCode {
         Command::Mount { foreground, options, log, lower, mountpoint } => {
             mount::mount_or_remount(&lower, &mountpoint, &options.join(","), foreground, log)
         }
-        Command::Umount { force, mountpoint } => mount::umount(&mountpoint, force),
+        Command::Umount { force, mountpoint } => unmount::umount(&mountpoint, force),
         Command::Set { assignments, directory } => props::set(&assignments, &directory),
         Command::Inherit { property, directory } => props::inherit(&property, &directory),
         Command::Get { scripted, parsable, columns, json, properties, paths } => {
