@@ -318,6 +318,42 @@ fn the_daemonized_mount_and_umount_commands_work() {
 }
 
 #[test]
+fn a_mount_waits_for_the_unmounted_daemon_that_still_holds_the_lower_and_says_why() {
+    let d = Dirs::new();
+    let out = Command::new(BIN).arg("mount").arg(&d.lower).arg(&d.mnt).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let data = compressible(1 << 20, 7);
+    let mut open = File::create(d.mnt.join("f")).unwrap();
+    open.write_all(&data).unwrap();
+    // Detached with a file still open: the daemon goes on serving that file, and until it is
+    // closed the daemon holds the lower though no mount of it is left (as one still writing back
+    // after umount does).
+    let mnt = std::ffi::CString::new(d.mnt.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: umount2 reads a NUL-terminated path that lives until the call returns.
+    assert_eq!(unsafe { libc::umount2(mnt.as_ptr(), libc::MNT_DETACH) }, 0);
+    let second = d.root.path().join("second");
+    fs::create_dir(&second).unwrap();
+    let mut mount = Command::new(BIN).arg("mount").arg(&d.lower).arg(&second).stderr(std::process::Stdio::piped()).spawn().unwrap();
+    let stderr = mount.stderr.take().unwrap();
+    let (lines_tx, lines) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufRead::lines(std::io::BufReader::new(stderr)).map_while(Result::ok) {
+            let _ = lines_tx.send(line);
+        }
+    });
+    let said = lines.recv_timeout(std::time::Duration::from_secs(600)).unwrap();
+    assert!(said.contains("waiting for the daemon that served") && said.contains("to finish writing back"), "{said}");
+    assert!(mount.try_wait().unwrap().is_none(), "the mount did not wait");
+    drop(open);
+    let status = mount.wait().unwrap();
+    let rest: Vec<String> = lines.try_iter().collect();
+    assert!(status.success(), "{rest:?}");
+    assert_eq!(fs::read(second.join("f")).unwrap(), data);
+    let out = Command::new(BIN).arg("umount").arg(&second).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
+#[test]
 fn mounting_over_the_lower_directory_itself_works() {
     let d = Dirs::new();
     fs::write(d.lower.join("before.txt"), b"was here first\n").unwrap();

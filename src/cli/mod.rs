@@ -14,6 +14,7 @@ pub mod bench;
 pub mod client;
 pub mod completions;
 pub mod daemon;
+pub mod handover;
 pub mod inspect;
 pub mod iostat;
 pub mod logging;

@@ -4,9 +4,10 @@
 
 use super::client;
 use super::daemon;
+use super::handover::take_for_mount;
 use super::logging::{fallback_log, syslog_available};
 use super::mount_options::{parse_mount_options, MountConfig};
-use super::mountinfo::{densefs_mount_at, mountinfo};
+use super::mountinfo::densefs_mount_at;
 use super::owner::{Lease, Owner, TAKEOVER_AFTER};
 use super::unmount::detach;
 use crate::control::Control;
@@ -22,25 +23,9 @@ pub(super) fn cpath(p: &Path) -> CString {
     CString::new(p.as_os_str().as_bytes()).expect("paths from the command line have no NUL")
 }
 
-/// Takes the per-lower-directory lock that keeps two daemons off one lower tree.
-pub(super) fn lock_lower(lower: &Path, wait: bool) -> std::io::Result<File> {
-    let dir = File::open(lower)?;
-    let how = if wait { libc::LOCK_EX } else { libc::LOCK_EX | libc::LOCK_NB };
-    // SAFETY: flock on a descriptor `dir` owns and keeps open across the call.
-    if unsafe { libc::flock(dir.as_raw_fd(), how) } != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(dir)
-}
-
 /// Whether the file system `path` is on is mounted read-only (statvfs's ST_RDONLY).
 fn on_read_only_fs(path: &Path) -> bool {
     File::open(path).and_then(|dir| lower::fstatvfs(dir.as_raw_fd())).is_ok_and(|sv| sv.f_flag & libc::ST_RDONLY != 0)
-}
-
-/// Is some densefs mount serving `lower` right now?
-fn is_served(lower: &Path) -> bool {
-    mountinfo().iter().any(|m| m.is_densefs() && m.source == lower)
 }
 
 /// A mount point left behind by a killed daemon answers ENOTCONN: detach it.
@@ -93,17 +78,8 @@ pub fn mount(lower: &Path, mountpoint: &Path, mut config: MountConfig, foregroun
         // one inside the other would recurse.
         return Err("the lower directory and the mount point must not contain each other".into());
     }
-    // A daemon that was just unmounted may still be writing back: give it a moment.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    let lock = loop {
-        match lock_lower(&lower, false) {
-            Ok(lock) => break lock,
-            Err(_) if std::time::Instant::now() < deadline && !is_served(&lower) => {
-                std::thread::sleep(std::time::Duration::from_millis(20))
-            }
-            Err(_) => return Err(format!("{} is already served by another densefs daemon", lower.display())),
-        }
-    };
+    // A daemon that was just unmounted may still be writing back: it is waited for.
+    let lock = take_for_mount(&lower)?;
     // Other machines do not see the flock: a shared lower also gets an owner record (owner.rs).
     let lease = if !config.read_only() && config.multihost.applies_to(&lower) {
         let waiting = |o: &Owner| {

@@ -174,7 +174,7 @@ fn random_nonce() -> String {
 }
 
 /// Is `pid` (in this pid namespace) a running densefs?
-fn densefs_running(pid: u32) -> bool {
+pub(super) fn densefs_running(pid: u32) -> bool {
     std::fs::read(format!("/proc/{pid}/cmdline"))
         .map(|cmd| {
             let argv0 = cmd.split(|&b| b == 0).next().unwrap_or_default();

@@ -1,7 +1,8 @@
 //! Unmounting: `densefs umount` (which waits for the daemon to write everything back), lazy
 //! detaching, and naming the processes that keep a mount busy.
 
-use super::mount::{cpath, lock_lower};
+use super::handover::wait_released;
+use super::mount::cpath;
 use super::mountinfo::mount_source;
 use super::{client, is_root};
 use crate::control::Control;
@@ -99,12 +100,5 @@ pub fn umount(mountpoint: &Path, force: bool) -> Result<(), String> {
         }
     })?;
     // The daemon holds the lower directory's lock until it has written everything back.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    while std::time::Instant::now() < deadline {
-        if lock_lower(&source, false).is_ok() {
-            return Ok(());
-        }
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
-    Err(format!("the daemon for {} did not exit within 60 s", source.display()))
+    wait_released(&source)
 }
