@@ -341,6 +341,7 @@ fn a_mount_waits_for_the_unmounted_daemon_that_still_holds_the_lower_and_says_wh
             let _ = lines_tx.send(line);
         }
     });
+    // The first thing it says: before it takes the lower, a mount prints only this or a refusal.
     let said = lines.recv_timeout(std::time::Duration::from_secs(600)).unwrap();
     assert!(said.contains("waiting for the daemon that served") && said.contains("to finish writing back"), "{said}");
     assert!(mount.try_wait().unwrap().is_none(), "the mount did not wait");

@@ -9,6 +9,7 @@
 
 use super::mountinfo::{mountinfo, parse_mountinfo_line};
 use super::owner::densefs_running;
+use super::unmount::other_processes;
 use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::MetadataExt;
@@ -47,13 +48,11 @@ pub fn is_served(lower: &Path) -> bool {
 /// or one unmounted lazily whose files are still open.
 pub fn ending_daemon(lower: &Path) -> Option<u32> {
     let target = std::fs::metadata(lower).ok()?;
-    let me = std::process::id();
-    for entry in std::fs::read_dir("/proc").ok()?.flatten() {
-        let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else { continue };
-        if pid == me || !densefs_running(pid) {
+    for (pid, proc) in other_processes() {
+        if !densefs_running(pid) {
             continue;
         }
-        let holds = std::fs::read_dir(entry.path().join("fd"))
+        let holds = std::fs::read_dir(proc.join("fd"))
             .into_iter()
             .flatten()
             .flatten()
@@ -61,7 +60,7 @@ pub fn ending_daemon(lower: &Path) -> Option<u32> {
         if !holds {
             continue;
         }
-        let mounts = std::fs::read_to_string(entry.path().join("mountinfo")).unwrap_or_default();
+        let mounts = std::fs::read_to_string(proc.join("mountinfo")).unwrap_or_default();
         if !mounts.lines().filter_map(parse_mountinfo_line).any(|m| m.is_densefs() && m.source == lower) {
             return Some(pid);
         }

@@ -1,6 +1,7 @@
-//! `densefs mount` / `densefs umount` and mount(8)'s `mount.densefs`: the checks before a mount,
-//! remounts (what the kernel can change on a live mount) and unmounting. The options are
-//! parsed in mount_options.rs; the daemon itself (daemonizing, serving, signals) is daemon.rs.
+//! `densefs mount` and mount(8)'s `mount.densefs`: the checks before a mount, and remounts (what
+//! the kernel can change on a live mount). The options are parsed in mount_options.rs; taking
+//! the lower from an earlier daemon is handover.rs, unmounting unmount.rs; the daemon itself
+//! (daemonizing, serving, signals) is daemon.rs.
 
 use super::client;
 use super::daemon;

@@ -6,7 +6,7 @@ use super::mount::cpath;
 use super::mountinfo::mount_source;
 use super::{client, is_root};
 use crate::control::Control;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// Lazy unmount: the mount point goes now, the daemon ends once nothing uses the mount.
 pub(super) fn detach(mountpoint: &Path) -> Result<(), String> {
@@ -30,18 +30,23 @@ fn run_fusermount(args: &[&str], mountpoint: &Path) -> Result<(), String> {
     }
 }
 
+/// Every process of this pid namespace but this one: its pid and its /proc directory.
+pub(super) fn other_processes() -> impl Iterator<Item = (u32, PathBuf)> {
+    let me = std::process::id();
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|entry| Some((entry.file_name().to_str()?.parse::<u32>().ok()?, entry.path())))
+        .filter(move |(pid, _)| *pid != me)
+}
+
 /// The processes using files below `mountpoint`, as fuser -m and lsof name them: "pid 123
 /// (bash: cwd)", from each process's cwd, root, executable, open descriptors and mapped files.
 pub fn holders(mountpoint: &Path) -> Vec<String> {
     let below = |p: &Path| p.starts_with(mountpoint);
     let mut out = Vec::new();
-    let me = std::process::id().to_string();
-    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-        let pid = entry.file_name().to_string_lossy().into_owned();
-        if !pid.bytes().all(|b| b.is_ascii_digit()) || pid == me {
-            continue;
-        }
-        let proc = entry.path();
+    for (pid, proc) in other_processes() {
         let mut uses = Vec::new();
         for link in ["cwd", "root", "exe"] {
             if std::fs::read_link(proc.join(link)).is_ok_and(|t| below(&t)) {
