@@ -30,6 +30,11 @@ pub struct Buffers {
     /// For each dirty record, the blocks changed against the record's newest version before it
     /// (in flight, or landed).
     changed: HashMap<u64, Changed>,
+    /// For each dirty record, the writeback tick (a count of them) during which it became dirty:
+    /// the tick sends a record once a whole tick interval has passed since (`aged_dirty_records`).
+    dirtied_at: HashMap<u64, u64>,
+    /// Writeback ticks so far.
+    ticks: u64,
     dirty_bytes: usize,
     inflight: HashMap<u64, InFlight>,
     inflight_bytes: usize,
@@ -51,6 +56,8 @@ impl Buffers {
         Buffers {
             dirty: BTreeMap::new(),
             changed: HashMap::new(),
+            dirtied_at: HashMap::new(),
+            ticks: 0,
             dirty_bytes: 0,
             inflight: HashMap::new(),
             inflight_bytes: 0,
@@ -79,6 +86,16 @@ impl Buffers {
         self.dirty.keys().copied().collect()
     }
 
+    /// Counts a writeback tick and returns the records dirty since before the tick before it:
+    /// dirty for at least one whole interval (as the kernel's dirty_expire). A record a writer
+    /// is filling right now waits for its write to end instead of being compressed half full
+    /// and again when full (a writer's 3 MiB write comes as pieces of 1 MiB less 16 bytes).
+    pub fn aged_dirty_records(&mut self) -> Vec<u64> {
+        self.ticks += 1;
+        let before = self.ticks - 1;
+        self.dirty.keys().copied().filter(|r| self.dirtied_at.get(r).is_some_and(|&at| at < before)).collect()
+    }
+
     pub fn dirty_bytes(&self) -> usize {
         self.dirty_bytes
     }
@@ -98,6 +115,8 @@ impl Buffers {
     /// earlier bytes are unknown), zero-filling a gap; returns the buffer's new length.
     pub fn write_into(&mut self, record: u64, at: usize, bytes: &[u8]) -> usize {
         let changed = self.changed.get(&record).copied();
+        // A record stays as old as its first change (a busy record still goes out in time).
+        let dirtied_at = self.dirtied_at.get(&record).copied();
         let (mut buf, mut changed) = match self.take_dirty(record) {
             Some(buf) => (buf, changed.unwrap_or(Changed::All)),
             None => (Vec::new(), Changed::All),
@@ -117,11 +136,15 @@ impl Buffers {
         changed.add(at, end);
         let len = buf.len();
         self.put(record, buf, changed);
+        if let Some(at) = dirtied_at {
+            self.dirtied_at.insert(record, at);
+        }
         len
     }
 
     fn put(&mut self, record: u64, buf: Vec<u8>, changed: Changed) {
         self.changed.insert(record, changed);
+        self.dirtied_at.entry(record).or_insert(self.ticks);
         self.forget_clean(record);
         self.dirty_bytes += buf.len();
         self.memory.charge_unlanded(buf.len());
@@ -134,6 +157,7 @@ impl Buffers {
     pub fn take_dirty(&mut self, record: u64) -> Option<Vec<u8>> {
         let buf = self.dirty.remove(&record)?;
         self.changed.remove(&record);
+        self.dirtied_at.remove(&record);
         self.dirty_bytes -= buf.len();
         self.memory.release_unlanded(buf.len());
         Some(buf)
@@ -302,6 +326,28 @@ impl Buffers {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A record goes to the tick's writeback once it has been dirty for a whole interval,
+    /// counted from its first change (later writes to it do not make it younger), and a record
+    /// dirtied again after it went starts over.
+    #[test]
+    fn the_tick_sends_records_dirty_for_a_whole_interval() {
+        let mut b = Buffers::new(Arc::new(Memory::new(1 << 20)));
+        b.write_into(0, 0, &[1; 100]);
+        assert!(b.aged_dirty_records().is_empty(), "dirtied during the interval this tick ends");
+        b.write_into(0, 100, &[2; 100]);
+        b.write_into(1, 0, &[3; 10]);
+        assert_eq!(b.aged_dirty_records(), vec![0], "record 0 dirty since before the tick before");
+        assert_eq!(b.aged_dirty_records(), vec![0, 1]);
+        b.send(0, || false).unwrap();
+        b.take_inflight(0).unwrap();
+        b.write_into(0, 0, &[4; 10]);
+        assert_eq!(b.aged_dirty_records(), vec![1], "record 0 dirtied again: young again");
+        assert_eq!(b.aged_dirty_records(), vec![0, 1]);
+        b.take_dirty(1).unwrap();
+        b.put_dirty(1, vec![5; 10]);
+        assert_eq!(b.aged_dirty_records(), vec![0]);
+    }
 
     #[test]
     fn every_path_releases_what_it_charged() {

@@ -49,6 +49,7 @@ use std::collections::HashMap;
 use std::fs::File;
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, OnceLock};
+pub use sync::Writeback;
 use tracing::warn;
 
 /// What new container files are created with.

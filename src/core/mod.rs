@@ -32,7 +32,7 @@ mod usage;
 mod xattr;
 
 use crate::engine::{Engine, RecordPolicy};
-use container::CreateSettings;
+use container::{CreateSettings, Writeback};
 pub use error::{FsError, FsResult};
 use inodes::{Content, Inode, InodeTable, Node, OpenState};
 use parking_lot::Mutex;
@@ -634,7 +634,7 @@ impl DenseFs {
                 if over {
                     c.drop_cached_records();
                 }
-                if let Err(e) = c.writeback() {
+                if let Err(e) = c.writeback(Writeback::Everything) {
                     tracing::warn!("writeback: {e}");
                 }
             }
@@ -648,7 +648,7 @@ impl DenseFs {
         }
         for inode in self.inodes.inodes() {
             if let Some(Content::Container(c)) = inode.open_content() {
-                if let Err(e) = c.writeback() {
+                if let Err(e) = c.writeback(Writeback::Aged) {
                     tracing::warn!("background writeback: {e}");
                 }
                 // Only here, not in the memory budget's kick: re-encoding loads records, and a

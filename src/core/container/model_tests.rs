@@ -16,7 +16,7 @@
 //! A failing seed is printed with its operations; add it to `REGRESSIONS` so it always runs.
 //! `DENSEFS_MODEL_SEEDS=n` runs n random seeds instead of the default few.
 
-use super::{Container, CreateSettings};
+use super::{Container, CreateSettings, Writeback};
 use crate::checksum::ChecksumKind;
 use crate::codec::Setting;
 use crate::core::memory::Memory;
@@ -512,7 +512,7 @@ fn the_writeback_tick_never_undoes_a_users_utimensat() {
         let (container, stop) = (h.container.clone(), stop.clone());
         std::thread::spawn(move || {
             while !stop.load(Ordering::Relaxed) {
-                container.writeback().unwrap();
+                container.writeback(Writeback::Aged).unwrap();
             }
         })
     };

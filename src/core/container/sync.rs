@@ -11,6 +11,15 @@ use crate::format::newest_first;
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
+/// Which dirty records a background writeback sends.
+#[derive(Clone, Copy)]
+pub enum Writeback {
+    /// All of them (the memory budget is spent).
+    Everything,
+    /// Those dirty for a whole tick interval (the writeback tick).
+    Aged,
+}
+
 impl Container {
     /// Hands every dirty record to the engine and waits until all of them have landed, then
     /// writes the header and puts the lower's mtime back to the user's. Records dirtied by other
@@ -84,9 +93,10 @@ impl Container {
         self.state.lock().buffers.clear_clean();
     }
 
-    /// Background writeback (every few seconds): starts compressing every dirty record without
-    /// waiting, and records the size once nothing is in flight, so a crash loses little.
-    pub fn writeback(self: &Arc<Self>) -> FsResult<()> {
+    /// Background writeback: starts compressing dirty records without waiting (every one, or
+    /// at a tick those dirty for a whole tick interval), and records the size once nothing is
+    /// in flight, so a crash loses little.
+    pub fn writeback(self: &Arc<Self>, which: Writeback) -> FsResult<()> {
         if self.state.lock().store.keeps_old_copies() {
             let _io = self.slot_io.write();
             self.store.free_kept(&mut self.state.lock().store)?;
@@ -97,7 +107,10 @@ impl Container {
                 self.store.write_header(&mut st.store)?;
                 self.store.restore_mtime(&mut st.store);
             }
-            let records = st.buffers.dirty_records();
+            let records = match which {
+                Writeback::Everything => st.buffers.dirty_records(),
+                Writeback::Aged => st.buffers.aged_dirty_records(),
+            };
             self.prepare(&mut st, &records)
         };
         self.engine.submit(jobs);
